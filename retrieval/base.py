@@ -1,0 +1,120 @@
+"""The retrieval contract: documents, hits, and the `Retriever` protocol.
+
+Every retriever in this package (BM25, dense, HTTP, cached) and every user-supplied one meets
+`Retriever`: a batch of queries in, one ranked list of `Hit`s per query out. Environments depend
+only on this module, never on a concrete index.
+
+Corpus files use the Search-R1 / FlashRAG JSONL format, one `{"id": str, "contents": str}` per
+line, where `contents` is `"Title"\\ntext` (the title in double quotes on the first line).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+__all__ = ["Document", "Hit", "Retriever", "format_contents", "parse_contents"]
+
+
+def format_contents(title: str, text: str) -> str:
+    """Join a title and a text into Search-R1's `contents` string.
+
+    >>> format_contents("Paris", "Paris is the capital of France.")
+    '"Paris"\\nParis is the capital of France.'
+    """
+    return f'"{title}"\n{text}'
+
+
+def parse_contents(contents: str) -> tuple[str, str]:
+    """Split Search-R1's `contents` string into (title, text).
+
+    The first line is the title, with one pair of surrounding double quotes removed if present.
+    A string with no newline is all text and has an empty title.
+
+    >>> parse_contents('"Paris"\\nParis is the capital of France.')
+    ('Paris', 'Paris is the capital of France.')
+    >>> parse_contents("no title here")
+    ('', 'no title here')
+    """
+    if "\n" not in contents:
+        return "", contents
+    title, text = contents.split("\n", 1)
+    if len(title) >= 2 and title[0] == '"' and title[-1] == '"':
+        title = title[1:-1]
+    return title, text
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Document:
+    """One passage of a corpus."""
+
+    doc_id: str
+    title: str
+    text: str
+
+    @property
+    def contents(self) -> str:
+        """The Search-R1 `contents` string, `"Title"\\ntext`."""
+        return format_contents(self.title, self.text)
+
+    def to_json(self) -> dict[str, str]:
+        """The corpus-line form `{"id", "contents"}`."""
+        return {"id": self.doc_id, "contents": self.contents}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> Document:
+        """Read a corpus line `{"id", "contents"}` (or `{"id", "title", "text"}`)."""
+        if "contents" in record:
+            title, text = parse_contents(str(record["contents"]))
+        else:
+            title, text = str(record.get("title", "")), str(record["text"])
+        return cls(doc_id=str(record["id"]), title=title, text=text)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hit:
+    """One retrieved document with its score (higher is better)."""
+
+    doc_id: str
+    title: str
+    text: str
+    score: float
+
+    @property
+    def contents(self) -> str:
+        """The Search-R1 `contents` string, `"Title"\\ntext`."""
+        return format_contents(self.title, self.text)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict, the form snapshots and caches store."""
+        return {"id": self.doc_id, "title": self.title, "text": self.text, "score": self.score}
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> Hit:
+        """Inverse of `to_json`."""
+        return cls(
+            doc_id=str(record["id"]),
+            title=str(record["title"]),
+            text=str(record["text"]),
+            score=float(record["score"]),
+        )
+
+
+@runtime_checkable
+class Retriever(Protocol):
+    """Anything that ranks documents for a batch of queries.
+
+    Implementations must be deterministic for a fixed index: the same (query, k) gives the same
+    hits in the same order. `index_id` identifies the index content (a hash), so that caches
+    keyed on it never mix results from two different indexes.
+    """
+
+    @property
+    def index_id(self) -> str:
+        """A stable identifier of the index content; part of every cache key."""
+        ...
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """Return the top-`k` hits for each query, in the queries' order."""
+        ...
