@@ -90,7 +90,7 @@ class QATask:
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> QATask:
-        """Read `to_json`'s form; a bare FlashRAG record `{"id", "question", "golden_answers"}` works."""
+        """Read `to_json`'s form, or a bare FlashRAG `{"id", "question", "golden_answers"}`."""
         return cls(
             task_id=str(record["id"]),
             question=str(record["question"]),

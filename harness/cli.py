@@ -22,7 +22,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "demo-env": ("envs.cli:demo_env", "run the scripted agents on the default synthetic world"),
     "world": ("envs.cli:world", "generate a synthetic world and export its corpus and questions"),
     "index": ("retrieval.cli:index", "build or search a BM25 / dense index (`index build|search`)"),
-    "serve-retriever": ("retrieval.cli:serve_retriever", "serve an index over Search-R1's HTTP API"),
+    "serve-retriever": (
+        "retrieval.cli:serve_retriever",
+        "serve an index over Search-R1's HTTP API",
+    ),
     "bench": ("benchmarks.cli:bench", "evaluate an agent on a QA dataset (EM / sub-EM / F1)"),
     "corpus": ("benchmarks.cli:corpus", "build a retrieval corpus from datasets' paragraphs"),
     "tree": ("benchmarks.cli:tree", "render a rollout tree as text or a picture (`tree show`)"),
