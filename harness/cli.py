@@ -28,7 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "bench": ("benchmarks.cli:bench", "evaluate an agent on a QA dataset (EM / sub-EM / F1)"),
     "corpus": ("benchmarks.cli:corpus", "build a retrieval corpus from datasets' paragraphs"),
-    "tree": ("benchmarks.cli:tree", "render a rollout tree as text or a picture (`tree show`)"),
+    "tree": (
+        "benchmarks.tree_view:tree",
+        "render a rollout tree as text or a picture (`tree show`)",
+    ),
     "init-model": ("harness.cli:init_model", "train the tokenizer and warm-start the tiny policy"),
     "train": ("harness.cli:train", "RL training with tree rollouts (CPU, or --backend openrlhf)"),
     "plot": ("harness.cli:plot", "plot the curves of a training run"),
