@@ -18,7 +18,7 @@ __all__ = ["COMMANDS", "main"]
 
 # name -> (entry point, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("harness.cli:demo", "main job: world, tiny policy, TRACE training, before/after eval"),
+    "demo": ("benchmarks.demo:demo", "main job: world, tiny policy, TRACE training, before/after eval"),
     "demo-env": ("envs.cli:demo_env", "run the scripted agents on the default synthetic world"),
     "world": ("envs.cli:world", "generate a synthetic world and export its corpus and questions"),
     "index": ("retrieval.cli:index", "build or search a BM25 / dense index (`index build|search`)"),
