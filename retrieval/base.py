@@ -10,11 +10,20 @@ line, where `contents` is `"Title"\\ntext` (the title in double quotes on the fi
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Document", "Hit", "Retriever", "format_contents", "parse_contents"]
+__all__ = [
+    "Document",
+    "Hit",
+    "Retriever",
+    "check_k",
+    "check_queries",
+    "format_contents",
+    "parse_contents",
+]
 
 
 def format_contents(title: str, text: str) -> str:
@@ -118,3 +127,34 @@ class Retriever(Protocol):
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Return the top-`k` hits for each query, in the queries' order."""
         ...
+
+
+def check_queries(queries: Sequence[str]) -> list[str]:
+    """Validate a batch of queries; return it as a list.
+
+    Raises:
+        TypeError: `queries` is a bare string (a common slip: it is a Sequence of characters),
+            or holds a non-string.
+    """
+    if isinstance(queries, str):
+        raise TypeError("queries must be a sequence of strings, not one string; wrap it: [query]")
+    out = list(queries)
+    for i, query in enumerate(out):
+        if not isinstance(query, str):
+            raise TypeError(f"queries[{i}] is a {type(query).__name__}, expected str")
+    return out
+
+
+def check_k(k: int) -> int:
+    """Validate a top-k.
+
+    Raises:
+        ValueError: `k` is not a positive integer.
+    """
+    try:
+        value = operator.index(k)  # int or numpy integer, never a float
+    except TypeError:
+        value = 0
+    if isinstance(k, bool) or value < 1:
+        raise ValueError(f"k must be a positive integer, got {k!r}")
+    return value

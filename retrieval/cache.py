@@ -1,0 +1,143 @@
+"""A deterministic, thread-safe result cache in front of any `Retriever`.
+
+The key of a cached result is `(normalize_query(query), k, inner.index_id)`, and the inner
+retriever is always asked the *normalised* query, so every spelling that normalises alike gets
+the very same hits, whichever spelling was seen first. Environments keep their own per-episode
+results in their snapshots; this cache is the shared cross-episode layer that spares the index
+repeated work across episodes, forks and threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import unicodedata
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from retrieval.base import Hit, Retriever, check_k, check_queries
+from retrieval.errors import RetrievalError
+
+__all__ = ["CacheStats", "CachedRetriever", "normalize_query"]
+
+log = logging.getLogger(__name__)
+
+_WHITESPACE = re.compile(r"\s+")
+
+
+def normalize_query(query: str) -> str:
+    """The canonical form of a query, used as its cache key.
+
+    Unicode NFKC (so full-width letters and ligatures fold to plain ones), then lowercase,
+    then every run of whitespace becomes one space, then leading and trailing spaces go.
+    Punctuation is kept: it can matter to a retriever.
+
+    >>> normalize_query("  Who  FOUNDED\\tＡcme?\\n")
+    'who founded acme?'
+    """
+    return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", query).lower()).strip()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CacheStats:
+    """Counters of a `CachedRetriever` at one moment."""
+
+    n_hits: int
+    """Queries answered from the cache."""
+    n_misses: int
+    """Queries sent to the inner retriever."""
+    n_entries: int
+    """Results held now."""
+
+
+class CachedRetriever:
+    """Wraps a retriever with a bounded LRU cache of its results; meets `Retriever`.
+
+    Results are exactly `inner.search([normalize_query(q)], k)`; `index_id` is the inner one,
+    so a key never mixes two indexes. Safe to share between threads and environment forks:
+    the cache is guarded by a lock, the stored hits are frozen, and every call returns fresh
+    lists. Evicting an entry changes nothing but speed, because the inner retriever is
+    deterministic.
+
+    Args:
+        inner: the retriever to cache.
+        max_entries: how many (query, k) results to keep; the least recently used go first.
+            None keeps everything.
+
+    >>> from retrieval.base import Document
+    >>> from retrieval.bm25 import BM25Retriever
+    >>> inner = BM25Retriever.build([Document(doc_id="d1", title="Paris", text="France")])
+    >>> cached = CachedRetriever(inner)
+    >>> cached.search(["PARIS "], k=1) == inner.search(["paris"], k=1)
+    True
+    >>> cached.stats()
+    CacheStats(n_hits=0, n_misses=1, n_entries=1)
+    """
+
+    def __init__(self, inner: Retriever, *, max_entries: int | None = 100_000) -> None:
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be positive or None, got {max_entries}")
+        self._inner = inner
+        self._index_id = inner.index_id
+        self._max_entries = max_entries
+        self._entries: OrderedDict[tuple[str, int], tuple[Hit, ...]] = OrderedDict()
+        self._lock = threading.Lock()
+        self._n_hits = 0
+        self._n_misses = 0
+
+    @property
+    def index_id(self) -> str:
+        """The inner retriever's index id."""
+        return self._index_id
+
+    @property
+    def inner(self) -> Retriever:
+        """The wrapped retriever."""
+        return self._inner
+
+    def stats(self) -> CacheStats:
+        """A snapshot of the hit/miss counters and the cache size."""
+        with self._lock:
+            return CacheStats(
+                n_hits=self._n_hits, n_misses=self._n_misses, n_entries=len(self._entries)
+            )
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """The inner retriever's hits for each normalised query, from the cache when held.
+
+        Misses are sent to the inner retriever in one batch, each distinct key once.
+
+        Raises:
+            TypeError: `queries` is a string or holds a non-string.
+            ValueError: `k` is not a positive integer.
+            RetrievalError: whatever the inner retriever raises; nothing is cached then.
+        """
+        keys = [normalize_query(q) for q in check_queries(queries)]
+        k = check_k(k)
+        found: dict[str, tuple[Hit, ...]] = {}
+        with self._lock:
+            for key in keys:
+                entry = self._entries.get((key, k))
+                if entry is not None:
+                    self._entries.move_to_end((key, k))
+                    found[key] = entry
+        missing = list(dict.fromkeys(key for key in keys if key not in found))
+        if missing:
+            fresh = self._inner.search(missing, k)
+            if len(fresh) != len(missing):
+                raise RetrievalError(
+                    f"inner retriever returned {len(fresh)} result lists for {len(missing)} queries"
+                )
+            with self._lock:
+                for key, hits in zip(missing, fresh, strict=True):
+                    found[key] = self._entries[(key, k)] = tuple(hits)
+                    self._entries.move_to_end((key, k))
+                if self._max_entries is not None:
+                    while len(self._entries) > self._max_entries:
+                        self._entries.popitem(last=False)
+        with self._lock:
+            self._n_misses += len(missing)
+            self._n_hits += len(keys) - len(missing)
+        return [list(found[key]) for key in keys]
