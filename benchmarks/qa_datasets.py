@@ -36,7 +36,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from benchmarks.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
 from envs.tasks import Paragraph, QATask, TaskSet
@@ -46,6 +46,7 @@ __all__ = [
     "FLASHRAG_REPO",
     "FORMATS",
     "DatasetSource",
+    "FormatName",
     "HubDataset",
     "LoadedDataset",
     "SubQuestion",
@@ -207,6 +208,7 @@ def _listed_paragraphs(items: Iterable[Mapping[str, Any]]) -> tuple[Paragraph, .
             title=str(p.get("title", "")),
             text=str(p["paragraph_text"] if "paragraph_text" in p else p["text"]),
             is_supporting=bool(p.get("is_supporting", False)),
+            doc_id=None if p.get("doc_id") is None else str(p["doc_id"]),
         )
         for p in items
     )
@@ -365,6 +367,17 @@ class _Format:
     description: str
 
 
+FormatName = Literal[
+    "hotpotqa",
+    "hotpotqa-hf",
+    "2wikimultihopqa",
+    "musique",
+    "bamboogle",
+    "nq-open",
+    "popqa",
+    "flashrag",
+]
+
 FORMATS: dict[str, _Format] = {
     "hotpotqa": _Format(_from_hotpot_like, "hotpotqa", "HotpotQA official JSON/JSONL"),
     "hotpotqa-hf": _Format(_from_hotpot_like, "hotpotqa", "HotpotQA in the HF hotpot_qa schema"),
@@ -376,6 +389,7 @@ FORMATS: dict[str, _Format] = {
     "flashrag": _Format(_from_flashrag, "flashrag", "FlashRAG / Search-R1 {id, question, ...}"),
 }
 """Format name -> converter. Names are what `--format` accepts."""
+assert set(FORMATS) == set(get_args(FormatName))
 
 _TWOWIKI_TYPES = {"compositional", "inference", "bridge_comparison"}
 
