@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
-__all__ = ["HarnessError"]
+__all__ = ["EndpointError", "EndpointRejected", "HarnessError"]
 
 
 class HarnessError(Exception):
     """Base class of every harness error."""
+
+
+class EndpointError(HarnessError, ConnectionError):
+    """An HTTP model endpoint did not answer within its retry budget (connection, 429, 5xx)."""
+
+
+class EndpointRejected(HarnessError, ValueError):
+    """An HTTP model endpoint refused a request (4xx) or sent a reply that is not the API's."""
