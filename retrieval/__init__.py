@@ -1,7 +1,11 @@
-"""Retrieval for search agents: the `Retriever` contract, BM25 and dense indexes, HTTP, caching."""
+"""Retrieval for search agents: the `Retriever` contract, BM25 and dense indexes, HTTP, caching.
+
+The server (`retrieval.server`, FastAPI) is not imported here; `tracerl serve-retriever` runs it.
+"""
 
 from retrieval.base import (
     Document,
+    Encoder,
     Hit,
     Retriever,
     check_k,
@@ -11,32 +15,50 @@ from retrieval.base import (
 )
 from retrieval.bm25 import BM25Params, BM25Retriever
 from retrieval.cache import CachedRetriever, CacheStats, normalize_query
-from retrieval.corpus import corpus_hash, read_corpus, write_corpus
+from retrieval.client import HTTPRetriever
+from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
+from retrieval.dense import DenseParams, DenseRetriever
+from retrieval.encoder import DEFAULT_ENCODER, SentenceEncoder
 from retrieval.errors import (
+    EncoderError,
     IndexFormatError,
     IndexMismatchError,
+    RequestRejected,
     RetrievalError,
     RetrieverUnavailable,
 )
+from retrieval.indexes import INDEX_CLASSES, load_index, make_retriever
 from retrieval.manifest import IndexManifest, read_manifest
 
 __all__ = [
+    "DEFAULT_ENCODER",
+    "INDEX_CLASSES",
     "BM25Params",
     "BM25Retriever",
     "CacheStats",
     "CachedRetriever",
+    "DenseParams",
+    "DenseRetriever",
     "Document",
+    "Encoder",
+    "EncoderError",
+    "HTTPRetriever",
     "Hit",
     "IndexFormatError",
     "IndexManifest",
     "IndexMismatchError",
+    "RequestRejected",
     "RetrievalError",
     "Retriever",
     "RetrieverUnavailable",
+    "SentenceEncoder",
     "check_k",
     "check_queries",
     "corpus_hash",
     "format_contents",
+    "index_text",
+    "load_index",
+    "make_retriever",
     "normalize_query",
     "parse_contents",
     "read_corpus",

@@ -13,10 +13,14 @@ from __future__ import annotations
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "Document",
+    "Encoder",
     "Hit",
     "Retriever",
     "check_k",
@@ -126,6 +130,30 @@ class Retriever(Protocol):
 
     def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
         """Return the top-`k` hits for each query, in the queries' order."""
+        ...
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Turns texts into unit-length vectors for a dense index (`retrieval.SentenceEncoder`)."""
+
+    @property
+    def name(self) -> str:
+        """How to load this encoder again: a model folder, or a known name."""
+        ...
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the model's weights and configuration; part of a dense index's id."""
+        ...
+
+    @property
+    def dim(self) -> int:
+        """The embedding size."""
+        ...
+
+    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        """Embed texts as float32 rows of unit L2 norm, shape (len(texts), dim)."""
         ...
 
 

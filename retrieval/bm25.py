@@ -21,7 +21,7 @@ import numpy as np
 import Stemmer
 
 from retrieval.base import Document, Hit, check_k, check_queries
-from retrieval.corpus import corpus_hash, read_corpus, write_corpus
+from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
 from retrieval.errors import IndexFormatError, IndexMismatchError
 from retrieval.manifest import CORPUS_NAME, IndexManifest, now_utc, read_manifest
 
@@ -129,7 +129,7 @@ class BM25Retriever:
         _check_unique_ids(documents)
         params = BM25Params(stemmer=stemmer, stopwords=stopwords, k1=k1, b=b, method=method)
         tokens = bm25s.tokenize(
-            [f"{doc.title}\n{doc.text}" for doc in documents],
+            [index_text(doc) for doc in documents],
             stopwords=_stopwords(params),
             stemmer=_make_stemmer(params),
             show_progress=progress,

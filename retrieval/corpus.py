@@ -16,7 +16,7 @@ from pathlib import Path
 from retrieval.base import Document
 from retrieval.errors import IndexFormatError
 
-__all__ = ["corpus_hash", "read_corpus", "write_corpus"]
+__all__ = ["corpus_hash", "index_text", "read_corpus", "write_corpus"]
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,15 @@ def write_corpus(docs: Iterable[Document], path: str | Path) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for doc in docs:
             handle.write(json.dumps(doc.to_json(), ensure_ascii=False) + "\n")
+
+
+def index_text(doc: Document) -> str:
+    """The text an index sees for a document: its title, a newline, its text.
+
+    >>> index_text(Document(doc_id="1", title="Paris", text="Capital of France."))
+    'Paris\\nCapital of France.'
+    """
+    return f"{doc.title}\n{doc.text}"
 
 
 def corpus_hash(docs: Sequence[Document]) -> str:

@@ -7,8 +7,11 @@ still work.
 from __future__ import annotations
 
 __all__ = [
+    "EncoderError",
     "IndexFormatError",
     "IndexMismatchError",
+    "InvalidRequest",
+    "RequestRejected",
     "RetrievalError",
     "RetrieverUnavailable",
 ]
@@ -28,3 +31,20 @@ class IndexMismatchError(RetrievalError, ValueError):
 
 class IndexFormatError(RetrievalError, ValueError):
     """An index directory or corpus file is missing, malformed or of an unknown version."""
+
+
+class RequestRejected(RetrievalError, ValueError):
+    """A retrieval server refused a request as invalid (a 4xx); retrying cannot help."""
+
+
+class EncoderError(RetrievalError, ImportError):
+    """The dense encoder cannot be loaded: a package is missing or the model folder is bad."""
+
+
+class InvalidRequest(RetrievalError, ValueError):
+    """A `/retrieve` body breaks the protocol or a server limit (the server answers `status`)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail

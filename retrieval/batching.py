@@ -1,0 +1,187 @@
+"""Server-side micro-batching: concurrent requests share one retriever call.
+
+A dense retriever spends most of a request in the encoder's forward pass, whose cost grows far
+slower than its batch; a synchronous server that serves one request at a time wastes that (the
+complaint of Search-R1 and ReCall users). `MicroBatcher` queues requests, and one worker takes
+everything queued (waiting at most `max_wait_s` after the first request, up to
+`max_batch_queries` queries), searches each distinct query once per `k` in a worker thread, and
+hands every request its own rows. While a batch runs, the next one fills, so batches grow with
+load and add no delay when the server is idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from retrieval.base import Hit, Retriever
+from retrieval.errors import RetrievalError
+
+__all__ = ["BatcherStats", "BatchingConfig", "MicroBatcher", "ServerBusy"]
+
+log = logging.getLogger(__name__)
+
+
+class ServerBusy(RetrievalError):
+    """More queries are queued than the server accepts; the client should retry later."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchingConfig:
+    """How concurrent requests are merged into retriever calls."""
+
+    max_batch_queries: int = 512
+    """queries per retriever call (a larger single request goes alone); 1 turns batching off"""
+    max_wait_ms: float = 2.0
+    """how long the first request of a batch waits for company when the server is idle"""
+    max_pending_queries: int = 16_384
+    """queued queries beyond which new requests are refused (HTTP 503)"""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_queries < 1 or self.max_pending_queries < 1 or self.max_wait_ms < 0:
+            raise ValueError(f"batching limits must be positive (max_wait_ms may be 0): {self}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatcherStats:
+    """Counters of a `MicroBatcher`."""
+
+    n_requests: int
+    n_batches: int
+    n_searched: int
+    """Distinct (query, k) pairs sent to the retriever."""
+    largest_batch: int
+    """The most queries one batch held."""
+
+
+@dataclass(slots=True)
+class _Pending:
+    queries: list[str]
+    k: int
+    future: asyncio.Future[list[list[Hit]]] = field(repr=False)
+
+
+class MicroBatcher:
+    """Batches concurrent `search` calls into few `retriever.search` calls.
+
+    Use inside a running event loop: `await start()`, then `await search(...)` from any number
+    of tasks, then `await stop()`.
+
+    Args:
+        retriever: the index to search; it runs in a worker thread, one batch at a time.
+        config: batch size, wait and queue limits.
+    """
+
+    def __init__(self, retriever: Retriever, config: BatchingConfig | None = None) -> None:
+        config = config or BatchingConfig()
+        self._retriever = retriever
+        self._max_batch_queries = config.max_batch_queries
+        self._max_wait_s = config.max_wait_ms / 1000
+        self._max_pending_queries = config.max_pending_queries
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
+        self._n_pending_queries = 0
+        self._worker: asyncio.Task[None] | None = None
+        self._carried: _Pending | None = None
+        self._inflight: list[_Pending] = []
+        self._n_requests = self._n_batches = self._n_searched = self._largest_batch = 0
+
+    async def start(self) -> None:
+        """Start the worker task."""
+        if self._worker is None:
+            self._worker = asyncio.create_task(self._run(), name="retrieval-batcher")
+
+    async def stop(self) -> None:
+        """Stop the worker; queued requests fail with `RetrievalError`."""
+        if self._worker is not None:
+            self._worker.cancel()
+            await asyncio.gather(self._worker, return_exceptions=True)
+            self._worker = None
+        leftovers = [*self._inflight, *([self._carried] if self._carried is not None else [])]
+        self._inflight = []
+        self._carried = None
+        while not self._queue.empty():
+            leftovers.append(self._queue.get_nowait())
+        for item in leftovers:
+            if not item.future.done():
+                item.future.set_exception(RetrievalError("the server is shutting down"))
+
+    def stats(self) -> BatcherStats:
+        """The counters so far."""
+        return BatcherStats(
+            n_requests=self._n_requests,
+            n_batches=self._n_batches,
+            n_searched=self._n_searched,
+            largest_batch=self._largest_batch,
+        )
+
+    async def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """Queue one request and wait for its hits.
+
+        Raises:
+            ServerBusy: the queue already holds `max_pending_queries` queries.
+            RetrievalError: the worker is not running, or the retriever failed.
+        """
+        if self._worker is None:
+            raise RetrievalError("MicroBatcher.start() was not awaited")
+        if self._n_pending_queries + len(queries) > self._max_pending_queries:
+            raise ServerBusy(
+                f"{self._n_pending_queries} queries already queued (limit "
+                f"{self._max_pending_queries}); retry shortly"
+            )
+        future: asyncio.Future[list[list[Hit]]] = asyncio.get_running_loop().create_future()
+        self._n_pending_queries += len(queries)
+        self._n_requests += 1
+        self._queue.put_nowait(_Pending(list(queries), k, future))
+        return await future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            first, self._carried = self._carried, None
+            batch = [first if first is not None else await self._queue.get()]
+            n_queries = len(batch[0].queries)
+            deadline = loop.time() + self._max_wait_s
+            while n_queries < self._max_batch_queries:
+                if self._queue.empty():
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        break
+                    try:
+                        item = await asyncio.wait_for(self._queue.get(), remaining)
+                    except TimeoutError:
+                        break
+                else:
+                    item = self._queue.get_nowait()
+                if n_queries + len(item.queries) > self._max_batch_queries:
+                    self._carried = item  # it opens the next batch
+                    break
+                batch.append(item)
+                n_queries += len(item.queries)
+            self._n_pending_queries -= n_queries
+            self._n_batches += 1
+            self._largest_batch = max(self._largest_batch, n_queries)
+            self._inflight = batch
+            await self._serve(batch)
+            self._inflight = []
+
+    async def _serve(self, batch: list[_Pending]) -> None:
+        by_k: dict[int, list[_Pending]] = {}
+        for item in batch:
+            by_k.setdefault(item.k, []).append(item)
+        for k, items in by_k.items():
+            distinct = list(dict.fromkeys(q for item in items for q in item.queries))
+            try:
+                rows = await asyncio.to_thread(self._retriever.search, distinct, k)
+            except Exception as err:  # handed to each waiting request, which reports it
+                log.exception("retriever failed on a batch of %d queries", len(distinct))
+                for item in items:
+                    if not item.future.done():
+                        item.future.set_exception(err)
+                continue
+            self._n_searched += len(distinct)
+            by_query = dict(zip(distinct, rows, strict=True))
+            for item in items:
+                if not item.future.done():  # a client that hung up leaves a cancelled future
+                    item.future.set_result([list(by_query[q]) for q in item.queries])

