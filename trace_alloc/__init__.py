@@ -1,0 +1,106 @@
+"""Rollout allocation for tree-structured agent RL: trees, predictor, allocators, advantages.
+
+Pure numpy: no torch, files, sockets, logging or global RNG. Functions take arrays and
+dataclasses (plus a `np.random.Generator` when they sample) and return values with their
+diagnostics. See docs/trace_alloc.md.
+"""
+
+from trace_alloc.allocators import (
+    ALLOCATORS,
+    AllocatorName,
+    DynamicSampling,
+    EntropyTree,
+    PromptPredictor,
+    RandomTree,
+    Trace,
+    Uniform,
+    make_allocator,
+)
+from trace_alloc.base import (
+    Allocator,
+    AllocPlan,
+    AllocView,
+    Executor,
+    Featurizer,
+    Predictor,
+    RolloutRequest,
+)
+from trace_alloc.budget import BudgetLimit, Currency, Spend
+from trace_alloc.driver import StepResult, WaveRecord, run_step
+from trace_alloc.errors import (
+    AllocError,
+    BudgetExceededError,
+    ExecutionError,
+    TreeFormatError,
+    UnknownNameError,
+)
+from trace_alloc.solvers import (
+    RootSolution,
+    prefix_gain,
+    root_gain,
+    solve_prefixes,
+    solve_roots,
+    split_budget,
+    v_prefix,
+    v_root,
+)
+from trace_alloc.tree import (
+    SCHEMA_VERSION,
+    ForestStats,
+    Node,
+    Prompt,
+    Rollout,
+    RolloutTree,
+    Segment,
+    Turn,
+    forest_stats,
+    training_examples,
+)
+
+__all__ = [
+    "ALLOCATORS",
+    "SCHEMA_VERSION",
+    "AllocError",
+    "AllocPlan",
+    "AllocView",
+    "Allocator",
+    "AllocatorName",
+    "BudgetExceededError",
+    "BudgetLimit",
+    "Currency",
+    "DynamicSampling",
+    "EntropyTree",
+    "ExecutionError",
+    "Executor",
+    "Featurizer",
+    "ForestStats",
+    "Node",
+    "Predictor",
+    "Prompt",
+    "PromptPredictor",
+    "RandomTree",
+    "Rollout",
+    "RolloutRequest",
+    "RolloutTree",
+    "RootSolution",
+    "Segment",
+    "Spend",
+    "StepResult",
+    "Trace",
+    "TreeFormatError",
+    "Turn",
+    "Uniform",
+    "UnknownNameError",
+    "WaveRecord",
+    "forest_stats",
+    "make_allocator",
+    "prefix_gain",
+    "root_gain",
+    "run_step",
+    "solve_prefixes",
+    "solve_roots",
+    "split_budget",
+    "training_examples",
+    "v_prefix",
+    "v_root",
+]

@@ -1,0 +1,284 @@
+"""The ask-tell driver and every allocator: exact budgets, caps, carries, contract errors."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from alloc_fakes import FixedPredictor, MartingaleExecutor, make_pool
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trace_alloc import (
+    ALLOCATORS,
+    AllocError,
+    AllocPlan,
+    BudgetExceededError,
+    BudgetLimit,
+    ExecutionError,
+    RolloutRequest,
+    Trace,
+    UnknownNameError,
+    make_allocator,
+    run_step,
+)
+
+
+def step(name, *, budget=None, pool=40, seed=0, n_turns=3, carry=0.0, **cfg):
+    budget = budget or BudgetLimit(per_step=64)
+    prompts, p = make_pool(pool, seed)
+    engine = MartingaleExecutor(p, seed=seed, n_turns=n_turns)
+    predictor = FixedPredictor({pr.text: p[pr.prompt_id] for pr in prompts})
+    result = run_step(
+        make_allocator(name, **cfg),
+        prompts,
+        execute=engine,
+        budget=budget,
+        rng=np.random.default_rng(seed),
+        predictor=predictor,
+        carry=carry,
+        tokens_per_leaf=15.0,
+    )
+    return result, engine
+
+
+@pytest.mark.parametrize("name", sorted(ALLOCATORS))
+@pytest.mark.parametrize("per_step", [2, 3, 17, 64, 101])
+def test_every_allocator_spends_exactly_the_leaf_budget(name, per_step):
+    result, _ = step(name, budget=BudgetLimit(per_step=per_step))
+    assert result.spent.n_leaves == per_step
+    assert result.carry == 0
+    assert result.stats.spend == result.spent  # the meter agrees with the trees
+
+
+@pytest.mark.parametrize("name", sorted(ALLOCATORS))
+def test_no_prompt_ever_gets_exactly_one_root_rollout(name):
+    for per_step in (5, 23, 64):
+        result, _ = step(name, budget=BudgetLimit(per_step=per_step))
+        roots = [len(t.root.children) for t in result.trees]
+        assert 1 not in roots, roots
+
+
+@given(
+    name=st.sampled_from(sorted(ALLOCATORS)),
+    per_step=st.integers(0, 150),
+    pool=st.integers(1, 30),
+    n_turns=st.integers(1, 4),
+    seed=st.integers(0, 3),
+)
+def test_leaf_budget_is_never_exceeded_and_spent_when_feasible(name, per_step, pool, n_turns, seed):
+    if per_step == 0:
+        with pytest.raises(ValueError, match="per_step"):
+            BudgetLimit(per_step=0)
+        return
+    result, _ = step(
+        name, budget=BudgetLimit(per_step=per_step), pool=pool, n_turns=n_turns, seed=seed
+    )
+    assert result.spent.n_leaves <= per_step
+    assert result.carry == result.spent.n_leaves - per_step
+    if name == "trace" and per_step >= 2:
+        # prefixes absorb any budget; one-turn episodes have none, so the roots take it up
+        # to their caps
+        expected = per_step if n_turns > 1 else min(per_step, 16 * pool)
+        assert result.spent.n_leaves == expected
+
+
+def test_trace_is_within_caps_and_gives_each_prompt_m_times_n_continuations():
+    result, _ = step(
+        "trace",
+        budget=BudgetLimit(per_step=90),
+        max_per_prompt=6,
+        continuations_per_rollout=2,
+        explore_frac=0.0,
+    )
+    roots_wave = [w for w in result.waves if w.stage == "roots"]
+    assert len(roots_wave) == 1 and roots_wave[0].spend.n_leaves == 30  # ⌈90 / 3⌉
+    for tree in result.trees:
+        m = len(tree.root.children)
+        assert m == 0 or 2 <= m <= 6
+        continuations = tree.n_leaves - m
+        assert continuations == 2 * m  # Σ K = m_i N, exact here (30 · 2 = 60)
+    assert result.spent.n_leaves == 90
+
+
+def test_trace_stage_two_only_expands_unmixed_non_leaf_prefixes():
+    result, _ = step("trace", budget=BudgetLimit(per_step=60), explore_frac=0.0)
+    for tree in result.trees:
+        for node in tree.nodes:
+            if node.wave == 1 and node.parent_id is not None:
+                anchor = tree.nodes[node.parent_id]
+                if anchor.wave == 0 and anchor.parent_id is not None:
+                    assert not anchor.is_leaf
+
+
+def test_trace_ablation_switches_change_the_plan():
+    active, _ = step("trace", budget=BudgetLimit(per_step=64), explore_frac=0.0)
+    uniform1, _ = step("trace", budget=BudgetLimit(per_step=64), stage1="uniform", group_size=8)
+    assert [len(t.root.children) for t in uniform1.trees][:4] == [8, 8, 8, 8]
+    assert sum(len(t.root.children) > 0 for t in uniform1.trees) == 4
+    assert sum(len(t.root.children) > 0 for t in active.trees) != 4
+    uniform2, _ = step("trace", budget=BudgetLimit(per_step=64), stage2="uniform")
+    assert uniform2.spent.n_leaves == 64
+
+
+def test_trace_filters_certain_prompts():
+    prompts, p = make_pool(20)
+    table = {pr.text: (0.5 if i < 5 else 0.0) for i, pr in enumerate(prompts)}
+    result = run_step(
+        Trace(explore_frac=0.0, continuations_per_rollout=0, p_clip=0.0),
+        prompts,
+        execute=MartingaleExecutor(p),
+        budget=BudgetLimit(per_step=40),
+        rng=np.random.default_rng(0),
+        predictor=FixedPredictor(table),
+    )
+    assert [i for i, t in enumerate(result.trees) if t.n_leaves] == [0, 1, 2, 3, 4]
+
+
+def test_dynamic_sampling_stops_at_its_batch_and_trains_on_mixed_groups_only():
+    result, engine = step(
+        "dynamic_sampling",
+        budget=BudgetLimit(per_step=400),
+        batch_size=3,
+        wave_groups=2,
+        group_size=4,
+    )
+    mixed = [i for i, t in enumerate(result.trees) if t.is_mixed]
+    assert len(result.train_indices) == 3 and result.train_indices == mixed[:3]
+    assert engine.calls == len(result.waves) >= 2
+    assert result.spent.n_leaves < 400 and result.carry < 0  # unspent budget becomes credit
+
+
+@pytest.mark.parametrize("name", sorted(ALLOCATORS))
+def test_token_budget_overshoot_is_carried_and_exact_in_aggregate(name):
+    budget = BudgetLimit(currency="tokens", per_step=900)
+    carry, total = 0.0, 0
+    for s in range(4):
+        result, _ = step(name, budget=budget, carry=carry, seed=s)
+        assert result.limit == 900 - carry
+        assert result.spent.n_tokens >= result.limit or result.waves[-1].stage in ("full",)
+        carry = result.carry
+        total += result.spent.n_tokens
+    assert total == 4 * 900 + carry
+    assert 0 <= carry < 16 * 15  # at most one wave's worth of overshoot
+
+
+def test_token_currency_needs_an_estimate():
+    with pytest.raises(ValueError, match="tokens_per_leaf"):
+        run_step(
+            make_allocator("uniform"),
+            make_pool(3)[0],
+            execute=MartingaleExecutor(make_pool(3)[1]),
+            budget=BudgetLimit(currency="tokens", per_step=100),
+            rng=np.random.default_rng(0),
+        )
+
+
+def test_unknown_names_suggest_the_closest():
+    with pytest.raises(UnknownNameError, match="Did you mean 'random_tree'"):
+        make_allocator("random-tree")
+    with pytest.raises(KeyError):  # also a KeyError for generic handlers
+        make_allocator("nope")
+
+
+def test_configs_validate_themselves():
+    with pytest.raises(ValueError, match="max_per_prompt"):
+        Trace(max_per_prompt=1)
+    with pytest.raises(ValueError, match="group_size"):
+        make_allocator("uniform", group_size=1)
+    with pytest.raises(ValueError, match="iterations"):
+        make_allocator("random_tree", iterations=0)
+
+
+def test_trace_without_predictor_is_a_clear_error():
+    prompts, p = make_pool(4)
+    with pytest.raises(AllocError, match="needs a predictor"):
+        run_step(
+            Trace(),
+            prompts,
+            execute=MartingaleExecutor(p),
+            budget=BudgetLimit(per_step=8),
+            rng=np.random.default_rng(0),
+        )
+
+
+class Greedy:
+    """An allocator that breaks the exact budget."""
+
+    name = "greedy"
+    uses_predictor = False
+
+    def ask(self, view, *, predictor, rng):
+        return AllocPlan(
+            requests=(RolloutRequest(tree_index=0, node_id=0, n=view.leaves_left + 1),)
+        )
+
+    def train_indices(self, trees):
+        return []
+
+
+def test_driver_rejects_plans_over_an_exact_budget():
+    prompts, p = make_pool(2)
+    with pytest.raises(BudgetExceededError, match="asked for 9 leaves with 8 left"):
+        run_step(
+            Greedy(),
+            prompts,
+            execute=MartingaleExecutor(p),
+            budget=BudgetLimit(per_step=8),
+            rng=np.random.default_rng(0),
+        )
+
+
+def test_driver_rejects_an_executor_that_breaks_its_contract():
+    prompts, p = make_pool(4)
+    engine = MartingaleExecutor(p)
+
+    def short(trees, requests):
+        return [rollouts[:-1] for rollouts in engine(trees, requests)]
+
+    with pytest.raises(ExecutionError, match="rollouts for"):
+        run_step(
+            make_allocator("uniform", group_size=2),
+            prompts,
+            execute=short,
+            budget=BudgetLimit(per_step=4),
+            rng=np.random.default_rng(0),
+        )
+
+
+def test_random_tree_shape_matches_tree_grpo():
+    result, _ = step(
+        "random_tree",
+        budget=BudgetLimit(per_step=60),
+        roots_per_prompt=2,
+        expansions_per_iteration=2,
+        iterations=2,
+    )
+    active = [t for t in result.trees if t.n_leaves]
+    assert len(active) == 6  # 60 / (2 · (1 + 2 · 2))
+    assert all(len(t.root.children) >= 2 for t in active)
+    assert [w.stage for w in result.waves] == ["roots", "expand", "expand"]
+    assert [w.spend.n_leaves for w in result.waves] == [12, 24, 24]
+
+
+def test_entropy_tree_branches_at_the_most_uncertain_turns():
+    result, _ = step(
+        "entropy_tree",
+        budget=BudgetLimit(per_step=30),
+        penalty=0.0,
+        expansions_per_iteration=1,
+        roots_per_prompt=1,
+        n_turns=4,
+    )
+    # the fake's search actions have NLL = v, so with no penalty each tree puts every
+    # continuation at the prefix whose next action had the highest NLL
+    for tree in result.trees:
+        if tree.n_leaves < 2:
+            continue
+        counts = Counter(
+            tree.nodes[c].parent_id
+            for c in range(len(tree.nodes))
+            if tree.nodes[c].wave > 0 and tree.nodes[tree.nodes[c].parent_id].wave == 0
+        )
+        assert len(counts) == 1

@@ -1,0 +1,593 @@
+"""The rollout-allocation strategies, all behind `trace_alloc.base.Allocator` (DESIGN §3).
+
+Each strategy is a frozen dataclass: its fields are its configuration (tyro can build it), and
+`ask` is a pure function of the view, the predictor and the generator. They are compared at
+equal budget by the same driver, so a baseline is just another name in `ALLOCATORS`.
+
+- `uniform` (GRPO): G rollouts for each of the first prompts of the pool.
+- `dynamic_sampling` (DAPO): groups of G, drop all-0/all-1 groups, refill.
+- `prompt_predictor` (PCL): G rollouts for the prompts whose predicted p is nearest 0.5.
+- `random_tree` (Tree-GRPO): M chains per prompt, N random expansions per chain, L times.
+- `entropy_tree` (ARPO/AT²PO): same shape, expanding the most uncertain next actions.
+- `trace` (TRACE): Stage 1 exact root allocation, Stage 2 per-prompt prefix expansion.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+import numpy as np
+
+from trace_alloc.base import Allocator, AllocPlan, AllocView, Predictor, RolloutRequest
+from trace_alloc.errors import AllocError, UnknownNameError
+from trace_alloc.solvers import solve_prefixes, solve_roots, split_budget, v_prefix
+from trace_alloc.tree import RolloutTree
+
+__all__ = [
+    "ALLOCATORS",
+    "AllocatorName",
+    "DynamicSampling",
+    "EntropyTree",
+    "PromptPredictor",
+    "RandomTree",
+    "Trace",
+    "Uniform",
+    "make_allocator",
+]
+
+AllocatorName = Literal[
+    "uniform", "dynamic_sampling", "prompt_predictor", "random_tree", "entropy_tree", "trace"
+]
+
+
+# --- shared helpers ---
+
+
+def _fresh(trees: Sequence[RolloutTree]) -> list[int]:
+    """Indices of the prompts that have no rollout yet, in pool order."""
+    return [i for i, tree in enumerate(trees) if len(tree.nodes) == 1]
+
+
+def _active(trees: Sequence[RolloutTree]) -> list[int]:
+    """Indices of the prompts that have at least one leaf."""
+    return [i for i, tree in enumerate(trees) if len(tree.nodes) > 1]
+
+
+def _group_sizes(leaves: int, group_size: int, *, exact: bool) -> list[int]:
+    """Split a leaf budget into groups of `group_size`, never leaving a group of one.
+
+    Exact (leaf currency): the sizes sum to `leaves` (a last group of the remainder, or the
+    remainder added to the last group when it is 1). Estimated (token currency): whole groups,
+    at least one, so that every wave makes progress.
+
+    >>> _group_sizes(19, 8, exact=True), _group_sizes(17, 8, exact=True)
+    ([8, 8, 3], [8, 9])
+    >>> _group_sizes(5, 8, exact=False)
+    [8]
+    """
+    if not exact:
+        return [group_size] * max(1, round(leaves / group_size))
+    n_groups, rest = divmod(leaves, group_size)
+    sizes = [group_size] * n_groups
+    if rest >= 2:
+        sizes.append(rest)
+    elif rest == 1 and sizes:
+        sizes[-1] += 1
+    return sizes
+
+
+def _groups(
+    order: Sequence[int], leaves: int, group_size: int, *, exact: bool
+) -> list[RolloutRequest]:
+    """One root request per prompt in `order`, sized by `_group_sizes`.
+
+    Fewer if prompts run out: the rest of the budget is then carried to the next step.
+    """
+    sizes = _group_sizes(leaves, group_size, exact=exact)
+    return [
+        RolloutRequest(tree_index=i, node_id=0, n=n) for i, n in zip(order, sizes, strict=False)
+    ]
+
+
+def _need(predictor: Predictor | None, name: str) -> Predictor:
+    if predictor is None:
+        raise AllocError(f"allocator {name!r} needs a predictor; pass one to run_step")
+    return predictor
+
+
+def _check_group_size(group_size: int) -> None:
+    if group_size < 2:
+        raise ValueError(f"group_size={group_size}: a group needs 2 leaves to be mixed")
+
+
+def _requests(tree_index: int, counts: Counter[int]) -> list[RolloutRequest]:
+    return [
+        RolloutRequest(tree_index=tree_index, node_id=node, n=n)
+        for node, n in sorted(counts.items())
+        if n > 0
+    ]
+
+
+def _with_leaves(trees: Sequence[RolloutTree]) -> list[int]:
+    return [i for i, tree in enumerate(trees) if tree.n_leaves > 0]
+
+
+# --- GRPO ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class Uniform:
+    """GRPO: G rollouts for each of the first prompts of the pool (the pool is in random order).
+
+    In the leaf currency the last group takes the remainder, so the budget is spent exactly.
+    """
+
+    name: ClassVar[str] = "uniform"
+    uses_predictor: ClassVar[bool] = False
+    group_size: int = 8
+    """G, rollouts per prompt."""
+
+    def __post_init__(self) -> None:
+        _check_group_size(self.group_size)
+
+    def ask(
+        self, view: AllocView, *, predictor: Predictor | None, rng: np.random.Generator
+    ) -> AllocPlan:
+        """Groups of G for the next fresh prompts, as many as the budget buys."""
+        requests = _groups(_fresh(view.trees), view.leaves_left, self.group_size, exact=view.exact)
+        return AllocPlan(
+            requests=tuple(requests), stage="roots", diagnostics={"n_prompts": len(requests)}
+        )
+
+    def train_indices(self, trees: Sequence[RolloutTree]) -> list[int]:
+        """Every prompt that got rollouts."""
+        return _with_leaves(trees)
+
+
+# --- DAPO ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamicSampling:
+    """DAPO dynamic sampling: oversample groups, drop the unmixed ones, refill.
+
+    Groups of G are generated in waves of `wave_groups` prompts; groups that are all 0 or all 1
+    are dropped, until `batch_size` mixed groups are kept or the budget is spent. Dropped
+    groups count against the budget (DESIGN §1, equal cost).
+    """
+
+    name: ClassVar[str] = "dynamic_sampling"
+    uses_predictor: ClassVar[bool] = False
+    group_size: int = 8
+    """G, rollouts per prompt."""
+    batch_size: int | None = None
+    """Mixed groups to collect; None: keep sampling until the budget is spent."""
+    wave_groups: int | None = None
+    """Prompts per generation wave (DAPO's generation batch); None: as many as the budget buys."""
+
+    def __post_init__(self) -> None:
+        _check_group_size(self.group_size)
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size}: must be >= 1 or None")
+        if self.wave_groups is not None and self.wave_groups < 1:
+            raise ValueError(f"wave_groups={self.wave_groups}: must be >= 1 or None")
+
+    def ask(
+        self, view: AllocView, *, predictor: Predictor | None, rng: np.random.Generator
+    ) -> AllocPlan:
+        """The next wave of groups, or nothing once the batch of mixed groups is full."""
+        n_mixed = sum(tree.is_mixed for tree in view.trees)
+        if self.batch_size is not None and n_mixed >= self.batch_size:
+            return AllocPlan(stage="full", diagnostics={"n_mixed": n_mixed})
+        order = _fresh(view.trees)
+        leaves = view.leaves_left
+        if self.wave_groups is not None and leaves > self.wave_groups * self.group_size:
+            # budget is not binding in this wave: whole groups only, no remainder group
+            leaves = self.wave_groups * self.group_size
+        requests = _groups(order, leaves, self.group_size, exact=view.exact)
+        return AllocPlan(
+            requests=tuple(requests),
+            stage="roots",
+            diagnostics={"n_prompts": len(requests), "n_mixed": n_mixed},
+        )
+
+    def train_indices(self, trees: Sequence[RolloutTree]) -> list[int]:
+        """The mixed groups only (up to `batch_size`, in pool order)."""
+        mixed = [i for i, tree in enumerate(trees) if tree.is_mixed]
+        return mixed if self.batch_size is None else mixed[: self.batch_size]
+
+
+# --- PCL ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptPredictor:
+    """PCL-like prompt selection: G rollouts for the prompts predicted nearest p = 0.5.
+
+    Fresh prompts are ranked by |p − `target`| (0.5: the most uncertain), ties at random.
+    """
+
+    name: ClassVar[str] = "prompt_predictor"
+    uses_predictor: ClassVar[bool] = True
+    group_size: int = 8
+    """G, rollouts per prompt."""
+    target: float = 0.5
+    """Predicted p to aim for."""
+
+    def __post_init__(self) -> None:
+        _check_group_size(self.group_size)
+        if not 0.0 <= self.target <= 1.0:
+            raise ValueError(f"target={self.target}: must be in [0, 1]")
+
+    def ask(
+        self, view: AllocView, *, predictor: Predictor | None, rng: np.random.Generator
+    ) -> AllocPlan:
+        """Groups of G for the fresh prompts ranked by |p − target|."""
+        fresh = np.asarray(_fresh(view.trees), dtype=np.int64)
+        if fresh.size == 0:
+            return AllocPlan(stage="roots")
+        p = _need(predictor, self.name).predict([view.trees[i].prompt_text for i in fresh])
+        shuffle = rng.permutation(fresh.size)
+        order = fresh[shuffle[np.argsort(np.abs(p[shuffle] - self.target), kind="stable")]]
+        requests = _groups(order.tolist(), view.leaves_left, self.group_size, exact=view.exact)
+        chosen = np.isin(fresh, [r.tree_index for r in requests])
+        return AllocPlan(
+            requests=tuple(requests),
+            stage="roots",
+            diagnostics={
+                "n_prompts": len(requests),
+                "mean_p_chosen": float(p[chosen].mean()) if chosen.any() else float("nan"),
+            },
+        )
+
+    def train_indices(self, trees: Sequence[RolloutTree]) -> list[int]:
+        """Every prompt that got rollouts."""
+        return _with_leaves(trees)
+
+
+# --- Tree-GRPO / TreePO and ARPO / AT²PO ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class _TreeSearch:
+    """Shared shape of the tree baselines (Tree-GRPO's m, n, l).
+
+    M chains per prompt, then L expansion iterations of N continuations per chain, so a prompt
+    costs M (1 + N L) leaves.
+    """
+
+    name: ClassVar[str] = ""
+    uses_predictor: ClassVar[bool] = False
+    roots_per_prompt: int = 2
+    """M: independent chains from each prompt root (Tree-GRPO `ts_m=2`)."""
+    expansions_per_iteration: int = 2
+    """N: continuations per chain in each iteration (Tree-GRPO `ts_n=2`)."""
+    iterations: int = 1
+    """L: expansion iterations (Tree-GRPO `ts_l=1`)."""
+
+    def __post_init__(self) -> None:
+        if self.roots_per_prompt < 1 or self.expansions_per_iteration < 1 or self.iterations < 1:
+            raise ValueError(
+                f"{self!r}: roots_per_prompt, expansions_per_iteration and iterations must be >= 1"
+            )
+
+    @property
+    def leaves_per_prompt(self) -> int:
+        """M (1 + N L)."""
+        return self.roots_per_prompt * (1 + self.expansions_per_iteration * self.iterations)
+
+    def ask(
+        self, view: AllocView, *, predictor: Predictor | None, rng: np.random.Generator
+    ) -> AllocPlan:
+        """Roots first; then each wave is one expansion iteration over the active trees."""
+        if not view.started:
+            return self._roots(view)
+        active = _active(view.trees)
+        if not active:
+            return AllocPlan(stage="expand")
+        first_wave = min(node.wave for i in active for node in view.trees[i].nodes[1:])
+        iterations_left = max(1, self.iterations - (view.wave - first_wave) + 1)
+        n_expand = max(1, view.leaves_left // iterations_left)
+        # even split over the trees, the odd continuations to random trees
+        shares = split_budget(n_expand, np.ones(len(active)))[rng.permutation(len(active))]
+        requests: list[RolloutRequest] = []
+        for i, share in zip(active, shares, strict=True):
+            if share > 0:
+                requests += _requests(i, Counter(self._anchors(view.trees[i], int(share), rng)))
+        return AllocPlan(
+            requests=tuple(requests),
+            stage="expand",
+            diagnostics={"n_expansions": n_expand, "iterations_left": iterations_left},
+        )
+
+    def _roots(self, view: AllocView) -> AllocPlan:
+        unit = self.leaves_per_prompt
+        if view.exact:
+            # the remainder of the budget goes to the expansions, so the total is exact
+            n_prompts = view.leaves_left // unit or int(
+                view.leaves_left >= max(2, self.roots_per_prompt)
+            )
+        else:
+            n_prompts = max(1, round(view.leaves_left / unit))
+        order = _fresh(view.trees)[:n_prompts]
+        requests = tuple(
+            RolloutRequest(tree_index=i, node_id=0, n=self.roots_per_prompt) for i in order
+        )
+        return AllocPlan(requests=requests, stage="roots", diagnostics={"n_prompts": len(requests)})
+
+    def _anchors(self, tree: RolloutTree, k: int, rng: np.random.Generator) -> list[int]:
+        raise NotImplementedError
+
+    def train_indices(self, trees: Sequence[RolloutTree]) -> list[int]:
+        """Every prompt that got rollouts."""
+        return _with_leaves(trees)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RandomTree(_TreeSearch):
+    """Tree-GRPO / TreePO: expand nodes drawn at random.
+
+    Nodes are drawn uniformly, with replacement, from the root and every non-leaf turn
+    (Tree-GRPO `get_expand_node(mode='random')`).
+    """
+
+    name: ClassVar[str] = "random_tree"
+
+    def _anchors(self, tree: RolloutTree, k: int, rng: np.random.Generator) -> list[int]:
+        candidates = [node.node_id for node in tree.nodes if not node.is_leaf]
+        return rng.choice(candidates, size=k, replace=True).tolist()
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntropyTree(_TreeSearch):
+    """ARPO / AT²PO-like: branch at the prefixes whose next action was the most uncertain.
+
+    A prefix's score is the mean token negative log-likelihood of the actions taken from it
+    (its children's), an entropy estimate from the sampling log-probs the engine records; each
+    continuation already placed there (this wave or earlier) costs `penalty` (AT²PO's α), so
+    the budget spreads over several uncertain turns. The root is not a candidate: branching
+    happens after tool calls, as in ARPO.
+    """
+
+    name: ClassVar[str] = "entropy_tree"
+    penalty: float = 0.5
+    """Score subtracted per continuation already made from a prefix (nats)."""
+
+    def _anchors(self, tree: RolloutTree, k: int, rng: np.random.Generator) -> list[int]:
+        candidates = [n for n in tree.nodes[1:] if not n.is_leaf]
+        if not candidates:
+            return [0] * k  # a tree of one-turn chains: only the root can branch
+        scores = np.empty(len(candidates))
+        extra = np.empty(len(candidates))
+        for j, node in enumerate(candidates):
+            nll = []
+            for c in node.children:
+                turn = tree.nodes[c].turn
+                assert turn is not None
+                if not turn.action_logprobs and turn.action_token_ids:
+                    raise AllocError(
+                        f"entropy_tree needs action_logprobs; node {c} of tree "
+                        f"{tree.prompt_id!r} has none (enable SamplingParams.logprobs)"
+                    )
+                nll.append(-float(np.mean(turn.action_logprobs)) if turn.action_logprobs else 0.0)
+            scores[j] = float(np.mean(nll))
+            extra[j] = len(node.children) - 1
+        jitter = rng.random(len(candidates)) * 1e-9  # random tie-break
+        picked = []
+        for _ in range(k):
+            j = int(np.argmax(scores - self.penalty * extra + jitter))
+            picked.append(candidates[j].node_id)
+            extra[j] += 1
+        return picked
+
+
+# --- TRACE ---
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trace:
+    """TRACE (arXiv 2606.11119): Stage 1 global root allocation, Stage 2 local prefix expansion.
+
+    Stage 1 spends M = ⌈L / (1 + N)⌉ of the step's L leaves on roots: m_i ∈ {0} ∪ [2, cap]
+    maximising Σ 1 − v_i^m − (1 − v_i)^m (exact DP), with `explore_frac` of M reserved as
+    2-rollout floors on random prompts. Stage 2 gives each active prompt a share ∝ m_i of the
+    rest (m_i N in the leaf currency) and places it on the prompt's unmixed, non-leaf turn
+    prefixes, maximising Σ 1 − q^K with q = r Ṽ + (1 − r)(1 − Ṽ) the chance that one continuation
+    repeats the observed outcome r. Later waves (token currency) repeat Stage 2 on the grown
+    trees. `stage1`/`stage2 = "uniform"` are the ablation switches.
+    """
+
+    name: ClassVar[str] = "trace"
+    uses_predictor: ClassVar[bool] = True
+    max_per_prompt: int = 16
+    """Cap on m_i, so that one prompt cannot take the whole root budget."""
+    continuations_per_rollout: int = 1
+    """N: Stage-2 continuations per bare rollout (Σ K = m_i N per prompt); 0 turns Stage 2 off."""
+    stage1: Literal["active", "uniform"] = "active"
+    """`uniform`: G rollouts for the first prompts of the pool instead of the solver."""
+    stage2: Literal["active", "uniform"] = "active"
+    """`uniform`: spread each prompt's continuations evenly over its prefixes."""
+    group_size: int = 8
+    """G for `stage1="uniform"`."""
+    explore_frac: float = 0.05
+    """Share of the root budget given as 2-rollout floors to random pool prompts, so that the
+    predictor keeps seeing prompts it would filter out (docs/decisions.md, D2)."""
+    p_clip: float = 0.01
+    """Predictions are clipped to [p_clip, 1 − p_clip]: no prompt or prefix is ever certain."""
+
+    def __post_init__(self) -> None:
+        _check_group_size(self.group_size)
+        if self.max_per_prompt < 2:
+            raise ValueError(
+                f"max_per_prompt={self.max_per_prompt}: a group needs 2 leaves to be mixed"
+            )
+        if self.stage1 == "uniform" and self.group_size > self.max_per_prompt:
+            raise ValueError(
+                f"group_size={self.group_size} exceeds max_per_prompt={self.max_per_prompt}"
+            )
+        if self.continuations_per_rollout < 0:
+            raise ValueError(
+                f"continuations_per_rollout={self.continuations_per_rollout}: must be >= 0"
+            )
+        if not 0.0 <= self.explore_frac <= 1.0:
+            raise ValueError(f"explore_frac={self.explore_frac}: must be in [0, 1]")
+        if not 0.0 <= self.p_clip < 0.5:
+            raise ValueError(f"p_clip={self.p_clip}: must be in [0, 0.5)")
+        if self.stage1 not in ("active", "uniform") or self.stage2 not in ("active", "uniform"):
+            raise ValueError(
+                f"stage1={self.stage1!r}, stage2={self.stage2!r}: each is 'active' or 'uniform'"
+            )
+
+    def ask(
+        self, view: AllocView, *, predictor: Predictor | None, rng: np.random.Generator
+    ) -> AllocPlan:
+        """Stage 1 on the first wave, Stage 2 on every later one."""
+        if not view.started:
+            return self._stage1(view, predictor, rng)
+        return self._stage2(view, predictor, rng)
+
+    def train_indices(self, trees: Sequence[RolloutTree]) -> list[int]:
+        """Every prompt that got rollouts (filtered prompts have none)."""
+        return _with_leaves(trees)
+
+    def _clip(self, p: np.ndarray) -> np.ndarray:
+        return np.clip(p, self.p_clip, 1.0 - self.p_clip)
+
+    # --- Stage 1: global root allocation ---
+
+    def _stage1(
+        self, view: AllocView, predictor: Predictor | None, rng: np.random.Generator
+    ) -> AllocPlan:
+        n_roots = -(-view.leaves_left // (1 + self.continuations_per_rollout))
+        n_roots = max(n_roots, min(2, view.leaves_left))  # a budget of 2 still opens a prompt
+        if self.stage1 == "uniform":
+            requests = _groups(range(len(view.trees)), n_roots, self.group_size, exact=view.exact)
+            return AllocPlan(
+                requests=tuple(requests), stage="roots", diagnostics={"n_prompts": len(requests)}
+            )
+        p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
+        floor = np.zeros(len(view.trees), dtype=np.int64)
+        n_explore = min(int(self.explore_frac * n_roots) // 2, len(view.trees))
+        floor[rng.choice(len(view.trees), size=n_explore, replace=False)] = 2
+        solution = solve_roots(p, n_roots, max_per_prompt=self.max_per_prompt, floor=floor)
+        requests = tuple(
+            RolloutRequest(tree_index=i, node_id=0, n=int(m))
+            for i, m in enumerate(solution.m)
+            if m > 0
+        )
+        return AllocPlan(
+            requests=requests,
+            stage="roots",
+            diagnostics={
+                "n_prompts": len(requests),
+                "n_explore": n_explore,
+                "expected_mixed": solution.value,
+                "mean_p_pool": float(p.mean()) if p.size else float("nan"),
+            },
+        )
+
+    # --- Stage 2: local prefix expansion ---
+
+    def _stage2(
+        self, view: AllocView, predictor: Predictor | None, rng: np.random.Generator
+    ) -> AllocPlan:
+        eligible: dict[int, tuple[list[int], np.ndarray]] = {}  # tree -> (nodes, observed r)
+        for i in _active(view.trees):
+            tree = view.trees[i]
+            count, _, low, high = tree.leaf_stats()
+            nodes = [
+                n.node_id
+                for n in tree.nodes[1:]
+                if not n.is_leaf and count[n.node_id] > 0 and low[n.node_id] == high[n.node_id]
+            ]
+            if nodes:
+                eligible[i] = (nodes, low[nodes])
+        if not eligible or self.continuations_per_rollout == 0:
+            return self._top_up_roots(view, predictor)
+        trees = list(eligible)
+        m = np.array([len(view.trees[i].root.children) for i in trees], dtype=np.float64)
+        shares = split_budget(view.leaves_left, m)
+        requests: list[RolloutRequest] = []
+        expected_flips = 0.0
+        if self.stage2 == "uniform":
+            for i, share in zip(trees, shares, strict=True):
+                nodes = eligible[i][0]
+                k = np.full(len(nodes), share // len(nodes))
+                k[rng.choice(len(nodes), size=int(share % len(nodes)), replace=False)] += 1
+                requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))))
+        else:
+            histories = [view.trees[i].history(n) for i in trees for n in eligible[i][0]]
+            v = self._clip(_need(predictor, self.name).predict(histories))
+            start = 0
+            for i, share in zip(trees, shares, strict=True):
+                nodes, r = eligible[i]
+                vi = v[start : start + len(nodes)]
+                start += len(nodes)
+                q = r * vi + (1.0 - r) * (1.0 - vi)  # P(a continuation repeats r), DESIGN §1
+                k = solve_prefixes(q, int(share))
+                expected_flips += float(v_prefix(q, k).sum())
+                requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))))
+        return AllocPlan(
+            requests=tuple(requests),
+            stage="prefixes",
+            diagnostics={
+                "n_prompts": len(trees),
+                "n_eligible": sum(len(e[0]) for e in eligible.values()),
+                "expected_flips": expected_flips,
+            },
+        )
+
+    def _top_up_roots(self, view: AllocView, predictor: Predictor | None) -> AllocPlan:
+        """Spend the rest on roots when no prefix can be expanded (one-turn episodes, N = 0).
+
+        Stage 1 is solved again with the rollouts already made as floors.
+        """
+        current = np.array([len(t.root.children) for t in view.trees], dtype=np.int64)
+        if self.stage1 == "uniform":
+            order = _fresh(view.trees)
+            requests = _groups(order, view.leaves_left, self.group_size, exact=view.exact)
+            return AllocPlan(requests=tuple(requests), stage="roots")
+        p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
+        floor = np.minimum(current, self.max_per_prompt)
+        solution = solve_roots(
+            p, int(floor.sum()) + view.leaves_left, max_per_prompt=self.max_per_prompt, floor=floor
+        )
+        extra = solution.m - floor
+        requests = tuple(
+            RolloutRequest(tree_index=i, node_id=0, n=int(n)) for i, n in enumerate(extra) if n > 0
+        )
+        return AllocPlan(
+            requests=requests, stage="roots", diagnostics={"expected_mixed": solution.value}
+        )
+
+
+ALLOCATORS: dict[str, type[Allocator]] = {
+    "uniform": Uniform,
+    "dynamic_sampling": DynamicSampling,
+    "prompt_predictor": PromptPredictor,
+    "random_tree": RandomTree,
+    "entropy_tree": EntropyTree,
+    "trace": Trace,
+}
+"""Every allocator by name."""
+
+
+def make_allocator(name: str, **config: Any) -> Allocator:
+    """Build an allocator by name with its config fields as keyword arguments.
+
+    Raises:
+        UnknownNameError: `name` is not in `ALLOCATORS` (the message suggests the closest).
+
+    >>> make_allocator("uniform", group_size=4)
+    Uniform(group_size=4)
+    >>> make_allocator("tarce")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    trace_alloc.errors.UnknownNameError: unknown allocator 'tarce'. Did you mean 'trace'? ...
+    """
+    if name not in ALLOCATORS:
+        raise UnknownNameError("allocator", name, ALLOCATORS)
+    return ALLOCATORS[name](**config)
