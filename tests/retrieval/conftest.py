@@ -70,3 +70,148 @@ def counting() -> CountingRetriever:
 @pytest.fixture
 def counting_cls() -> type[CountingRetriever]:
     return CountingRetriever
+
+
+class HashEncoder:
+    """A fake `Encoder`: a text's vector is drawn from a RNG seeded by the text's hash.
+
+    Equal texts get equal vectors and distinct texts near-orthogonal ones, so a query equal to
+    a passage finds that passage first. `texts` records every text encoded.
+    """
+
+    def __init__(self, dim: int = 32, name: str = "hash-encoder") -> None:
+        self._dim = dim
+        self._name = name
+        self.texts: list[str] = []
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def fingerprint(self) -> str:
+        return f"{self._name}-{self._dim}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def encode(self, texts, *, progress: bool = False):
+        import hashlib
+
+        import numpy as np
+
+        self.texts.extend(texts)
+        rows = []
+        for text in texts:
+            seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+            row = np.random.default_rng(seed).standard_normal(self._dim)
+            rows.append(row / np.linalg.norm(row))
+        return np.asarray(rows, dtype=np.float32).reshape(len(texts), self._dim)
+
+
+@pytest.fixture
+def hash_encoder() -> HashEncoder:
+    return HashEncoder()
+
+
+@pytest.fixture
+def hash_encoder_cls() -> type[HashEncoder]:
+    return HashEncoder
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """The packaged MiniLM encoder, loaded once (offline)."""
+    from retrieval import SentenceEncoder
+
+    return SentenceEncoder()
+
+
+class ServerProcess:
+    """`tracerl serve-retriever` in a subprocess, started on 127.0.0.1 and a free port."""
+
+    def __init__(self, index_dir, log_path, *extra: str) -> None:
+        self.index_dir = index_dir
+        self.log_path = log_path
+        self.extra = extra
+        self.proc = None
+        self.url = None
+
+    def start(self, port: int = 0, timeout_s: float = 120.0) -> str:
+        import queue
+        import re
+        import subprocess
+        import sys
+        import threading
+
+        cmd = [
+            sys.executable,
+            "-m",
+            "harness.cli",
+            "serve-retriever",
+            "--index",
+            str(self.index_dir),
+        ]
+        cmd += ["--port", str(port), *self.extra]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - closed by the child's exit
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+        lines: queue.Queue[str] = queue.Queue()
+
+        def pump(stream) -> None:
+            for line in stream:
+                lines.put(line)
+            lines.put("")
+
+        threading.Thread(target=pump, args=(self.proc.stdout,), daemon=True).start()
+        while True:
+            try:
+                line = lines.get(timeout=timeout_s)
+            except queue.Empty:
+                self.kill()
+                raise RuntimeError(f"server did not start in {timeout_s} s") from None
+            if not line:
+                raise RuntimeError(f"server exited: {self.log_path.read_text()[-2000:]}")
+            found = re.search(r"ready at (http://\S+)", line)
+            if found:
+                self.url = found.group(1)
+                return self.url
+
+    @property
+    def port(self) -> int:
+        return int(self.url.rsplit(":", 1)[1])
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def toy_index_dir(tmp_path_factory, toy_bm25):
+    path = tmp_path_factory.mktemp("toy-index") / "bm25"
+    toy_bm25.save(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def server_cls() -> type[ServerProcess]:
+    return ServerProcess
+
+
+@pytest.fixture(scope="session")
+def toy_server(tmp_path_factory, toy_index_dir):
+    """One BM25 server over the toy corpus, shared by the tests that only read from it."""
+    server = ServerProcess(toy_index_dir, tmp_path_factory.mktemp("logs") / "toy-server.log")
+    server.start()
+    yield server
+    server.stop()

@@ -1,0 +1,102 @@
+"""MicroBatcher: concurrent requests share retriever calls, and each gets its own rows."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from retrieval import RetrievalError
+from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+async def _with_batcher(retriever, config, body):
+    batcher = MicroBatcher(retriever, config)
+    await batcher.start()
+    try:
+        return await body(batcher), batcher.stats()
+    finally:
+        await batcher.stop()
+
+
+def test_concurrent_requests_are_merged_and_answered_in_order(counting):
+    requests = [[f"q{i}", f"q{i + 1}"] for i in range(50)]
+
+    async def body(batcher):
+        return await asyncio.gather(*(batcher.search(qs, 3) for qs in requests))
+
+    results, stats = _run(_with_batcher(counting, BatchingConfig(max_wait_ms=0), body))
+    assert results == [counting.search(qs, 3) for qs in requests]
+    assert stats.n_requests == 50
+    assert stats.n_batches < 50
+    # each distinct query is searched once per batch: q0..q50 are 51 queries
+    assert stats.n_searched == 51
+    assert len(counting.calls) == stats.n_batches + 50  # + the reference calls above
+
+
+def test_batching_off_gives_one_retriever_call_per_request(counting):
+    async def body(batcher):
+        return await asyncio.gather(*(batcher.search([f"q{i}"], 2) for i in range(20)))
+
+    results, stats = _run(_with_batcher(counting, BatchingConfig(max_batch_queries=1), body))
+    assert [r[0][0].doc_id for r in results] == [f"q{i}#0" for i in range(20)]
+    assert stats.n_batches == 20
+    assert all(len(queries) == 1 for queries, _ in counting.calls)
+
+
+def test_batches_respect_the_query_limit(counting):
+    async def body(batcher):
+        return await asyncio.gather(*(batcher.search([f"a{i}", f"b{i}"], 1) for i in range(10)))
+
+    _, stats = _run(_with_batcher(counting, BatchingConfig(max_batch_queries=6), body))
+    assert stats.largest_batch <= 6
+    assert all(len(queries) <= 6 for queries, _ in counting.calls)
+
+
+def test_requests_with_different_k_get_their_own_k(counting):
+    async def body(batcher):
+        return await asyncio.gather(batcher.search(["x"], 1), batcher.search(["x"], 4))
+
+    (one, four), _ = _run(_with_batcher(counting, BatchingConfig(), body))
+    assert len(one[0]) == 1 and len(four[0]) == 4
+
+
+def test_a_retriever_failure_reaches_every_request_of_the_batch(counting_cls):
+    async def body(batcher):
+        return await asyncio.gather(
+            *(batcher.search([f"q{i}"], 1) for i in range(5)), return_exceptions=True
+        )
+
+    results, _ = _run(_with_batcher(counting_cls(fail=True), BatchingConfig(), body))
+    assert all(isinstance(r, RetrievalError) for r in results)
+
+
+def test_a_full_queue_refuses_new_requests(counting):
+    async def body(batcher):
+        return await asyncio.gather(
+            *(batcher.search([f"q{i}"] * 3, 1) for i in range(4)), return_exceptions=True
+        )
+
+    results, _ = _run(_with_batcher(counting, BatchingConfig(max_pending_queries=7), body))
+    busy = [r for r in results if isinstance(r, ServerBusy)]
+    assert len(busy) == 2  # 3 + 3 queued fit under 7; the next two do not
+    assert all("retry" in str(b) for b in busy)
+
+
+def test_searching_before_start_is_an_error(counting):
+    async def body():
+        await MicroBatcher(counting).search(["q"], 1)
+
+    with pytest.raises(RetrievalError, match="start"):
+        _run(body())
+
+
+def test_invalid_batching_config_is_rejected():
+    with pytest.raises(ValueError, match="positive"):
+        BatchingConfig(max_batch_queries=0)
+    with pytest.raises(ValueError, match="positive"):
+        BatchingConfig(max_wait_ms=-1)
