@@ -1,0 +1,125 @@
+"""Forkable Gymnasium search/QA environments and the synthetic multi-hop world.
+
+Importing this package registers two environment ids (the package's only import-time side
+effect):
+
+- `trace_rl/SearchQA-v0`: `gymnasium.make("trace_rl/SearchQA-v0", tasks=..., retriever=...)`;
+- `trace_rl/SyntheticMultiHop-v0`: self-contained, `gymnasium.make(..., world_seed=0)`.
+
+Both are registered without `TimeLimit` (turn limits live in the env, inside its snapshots),
+`OrderEnforcing` and `PassiveEnvChecker` (both keep state a snapshot would miss; the env
+enforces order itself, and `check_env` runs in the tests).
+"""
+
+import gymnasium as gym
+
+from envs.agents import (
+    EpisodeResult,
+    NaiveAgent,
+    OracleAgent,
+    most_frequent_name,
+    run_agent,
+    run_episode,
+)
+from envs.base import Agent, ForkableEnv
+from envs.errors import (
+    ActionTypeError,
+    EnvConfigError,
+    EnvError,
+    EpisodeStateError,
+    RetrievalFailedError,
+    SnapshotError,
+    UnforkableWrapperError,
+    UnknownTaskError,
+)
+from envs.protocol import (
+    CHARSET,
+    DEFAULT_PROMPT_TEMPLATE,
+    MAX_TEXT_CHARS,
+    ParsedAction,
+    format_information,
+    format_prompt,
+    parse_action,
+)
+from envs.rewards import (
+    AnswerScores,
+    RewardKind,
+    exact_match,
+    extract_answer,
+    normalize_answer,
+    score_answer,
+    sub_exact_match,
+    token_f1,
+)
+from envs.search_qa import SearchQAConfig, SearchQAEnv
+from envs.snapshot import EnvSnapshot, TurnRecord, WrapperSnapshot, snapshot_from_json
+from envs.synthetic import World, WorldConfig, WorldSplit
+from envs.synthetic.env import make_synthetic_env
+from envs.tasks import Paragraph, QATask, TaskSet
+from envs.wrappers import BudgetMeter, ForkableWrapper, fork, restore, snapshot
+
+__all__ = [
+    "CHARSET",
+    "DEFAULT_PROMPT_TEMPLATE",
+    "MAX_TEXT_CHARS",
+    "ActionTypeError",
+    "Agent",
+    "AnswerScores",
+    "BudgetMeter",
+    "EnvConfigError",
+    "EnvError",
+    "EnvSnapshot",
+    "EpisodeResult",
+    "EpisodeStateError",
+    "ForkableEnv",
+    "ForkableWrapper",
+    "NaiveAgent",
+    "OracleAgent",
+    "Paragraph",
+    "ParsedAction",
+    "QATask",
+    "RetrievalFailedError",
+    "RewardKind",
+    "SearchQAConfig",
+    "SearchQAEnv",
+    "SnapshotError",
+    "TaskSet",
+    "TurnRecord",
+    "UnforkableWrapperError",
+    "UnknownTaskError",
+    "World",
+    "WorldConfig",
+    "WorldSplit",
+    "WrapperSnapshot",
+    "exact_match",
+    "extract_answer",
+    "fork",
+    "format_information",
+    "format_prompt",
+    "make_synthetic_env",
+    "most_frequent_name",
+    "normalize_answer",
+    "parse_action",
+    "restore",
+    "run_agent",
+    "run_episode",
+    "score_answer",
+    "snapshot",
+    "snapshot_from_json",
+    "sub_exact_match",
+    "token_f1",
+]
+
+_REGISTERED = {
+    "trace_rl/SearchQA-v0": "envs.search_qa:SearchQAEnv",
+    "trace_rl/SyntheticMultiHop-v0": "envs.synthetic.env:make_synthetic_env",
+}
+for _env_id, _entry_point in _REGISTERED.items():
+    if _env_id not in gym.registry:
+        gym.register(
+            id=_env_id,
+            entry_point=_entry_point,
+            max_episode_steps=None,
+            order_enforce=False,
+            disable_env_checker=True,
+        )

@@ -1,0 +1,201 @@
+"""The Search-R1 text protocol: the prompt, action parsing, and observation formatting.
+
+A policy reasons in `<think>…</think>`, searches with `<search>query</search>` and answers with
+`<answer>…</answer>` (DESIGN §2). An action is the policy's text up to and including the first
+`</search>` or `</answer>`, whichever comes first; everything after it is ignored, as a harness
+stops generation there anyway. The environment answers a search with
+
+    \\n<information>Doc 1(Title: T) text\\nDoc 2(Title: T2) text</information>\\n
+
+Parsing is linear in the input (`str.find`/`str.rfind`, no backtracking regex), so a 1 MB action
+costs a few milliseconds and can never raise.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from retrieval.base import Hit
+
+__all__ = [
+    "CHARSET",
+    "DEFAULT_PROMPT_TEMPLATE",
+    "MAX_CONTENT_CHARS",
+    "MAX_TEXT_CHARS",
+    "ActionKind",
+    "ParsedAction",
+    "format_information",
+    "format_prompt",
+    "invalid_action_message",
+    "parse_action",
+    "to_charset",
+]
+
+ActionKind = Literal["search", "answer", "invalid"]
+
+MAX_TEXT_CHARS = 1 << 16
+"""`max_length` of the env's text spaces: every prompt and observation fits in it."""
+
+MAX_CONTENT_CHARS = 2_000
+"""A query or an answer longer than this is an invalid action (it bounds retrieval time)."""
+
+# Printable ASCII plus the Latin, IPA, Greek and Cyrillic blocks, general punctuation, currency,
+# letterlike symbols, arrows and maths operators: what English Wikipedia-derived QA corpora
+# use. Text spaces need an explicit charset (AsyncVectorEnv's shared memory stores character
+# indices), and a full-Unicode one costs ~100 ms and 11 MB per space. Anything else is shown as
+# U+FFFD, the replacement character.
+_CHARSET_RANGES: tuple[tuple[int, int], ...] = (
+    (0x0020, 0x007E),
+    (0x00A0, 0x04FF),
+    (0x1E00, 0x1EFF),
+    (0x2000, 0x206F),
+    (0x20A0, 0x20C0),
+    (0x2100, 0x214F),
+    (0x2190, 0x22FF),
+)
+CHARSET: str = "\t\n" + "".join(chr(c) for lo, hi in _CHARSET_RANGES for c in range(lo, hi + 1))
+CHARSET += "\ufffd"
+"""Every character an env may emit (prompts, observations)."""
+
+_OUTSIDE_CHARSET = re.compile(
+    "[^\\t\\n" + "".join(f"\\u{lo:04x}-\\u{hi:04x}" for lo, hi in _CHARSET_RANGES) + "\\ufffd]"
+)
+
+
+def to_charset(text: str) -> str:
+    """Replace every character outside `CHARSET` by U+FFFD.
+
+    >>> to_charset("Zürich\\r\\n北京")
+    'Zürich\\ufffd\\n\\ufffd\\ufffd'
+    """
+    return _OUTSIDE_CHARSET.sub("\ufffd", text)
+
+
+DEFAULT_PROMPT_TEMPLATE = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first "
+    "every time you get new information. After reasoning, if you find you lack some knowledge, "
+    "you can call a search engine by <search> query </search> and it will return the top "
+    "searched results between <information> and </information>. You can search as many times "
+    "as your want. If you find no further external knowledge needed, you can directly provide "
+    "the answer inside <answer> and </answer>, without detailed illustrations. For example, "
+    "<answer> Beijing </answer>. Question: {question}\n"
+)
+"""Search-R1's instruction prompt (`make_prefix`, instruct variant), with `{question}`."""
+
+
+def format_prompt(template: str, question: str) -> str:
+    """Fill a prompt template as Search-R1 does: strip the question, end it with "?".
+
+    The placeholder is replaced literally (not `str.format`), so templates may hold braces.
+
+    >>> format_prompt("Q: {question}", " Who founded Acme ")
+    'Q: Who founded Acme?'
+    """
+    question = question.strip()
+    if not question.endswith("?"):
+        question += "?"
+    return to_charset(template.replace("{question}", question))
+
+
+_CLOSERS: tuple[tuple[str, ActionKind], ...] = (("</search>", "search"), ("</answer>", "answer"))
+_PROTOCOL_TAGS = (
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "<information>",
+    "</information>",
+    "<think>",
+    "</think>",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedAction:
+    """What an action text asks for.
+
+    Attributes:
+        kind: "search", "answer", or "invalid".
+        content: the stripped query or answer ("" when invalid).
+        reason: why the action is invalid ("" when valid).
+        end: the index just past the closing tag in the input (the input's length when no
+            closing tag was found): the part of the text that the action consumed.
+    """
+
+    kind: ActionKind
+    content: str
+    reason: str
+    end: int
+
+
+def parse_action(text: str) -> ParsedAction:
+    """Parse an action up to its first `</search>` or `</answer>`.
+
+    The content is the text between the closing tag and the last matching opening tag before
+    it. An action is invalid when it has no closing tag, no matching opening tag, an empty
+    content, a content holding another protocol tag, or a content over `MAX_CONTENT_CHARS`.
+
+    >>> parse_action("<think>hm</think> <search> Acme founder </search> junk")
+    ParsedAction(kind='search', content='Acme founder', reason='', end=49)
+    >>> parse_action("<answer> Paris </answer><search>x</search>").content
+    'Paris'
+    >>> parse_action("I think it is Paris.").reason
+    'no </search> or </answer> closing tag'
+    """
+    best_at, best_tag, best_kind = -1, "", "invalid"
+    for tag, kind in _CLOSERS:
+        at = text.find(tag)
+        if at != -1 and (best_at == -1 or at < best_at):
+            best_at, best_tag, best_kind = at, tag, kind
+    if best_at == -1:
+        return ParsedAction("invalid", "", "no </search> or </answer> closing tag", len(text))
+    end = best_at + len(best_tag)
+    opener = "<" + best_tag[2:]
+    start = text.rfind(opener, 0, best_at)
+    if start == -1:
+        return ParsedAction("invalid", "", f"{best_tag} without an opening {opener}", end)
+    content = text[start + len(opener) : best_at].strip()
+    if not content:
+        return ParsedAction("invalid", "", f"empty {best_kind}", end)
+    if len(content) > MAX_CONTENT_CHARS:
+        reason = f"{best_kind} of {len(content)} characters (at most {MAX_CONTENT_CHARS})"
+        return ParsedAction("invalid", "", reason, end)
+    for tag in _PROTOCOL_TAGS:
+        if tag in content:
+            return ParsedAction("invalid", "", f"{best_kind} contains the tag {tag}", end)
+    return ParsedAction(best_kind, content, "", end)
+
+
+def invalid_action_message(reason: str) -> str:
+    """The observation that answers an invalid action (Search-R1's wording, plus the reason).
+
+    >>> invalid_action_message("empty search")[:40]
+    '\\nMy previous action is invalid (empty se'
+    """
+    return (
+        f"\nMy previous action is invalid ({reason}). If I want to search, I should put the "
+        "query between <search> and </search>. If I want to give the final answer, I should "
+        "put the answer between <answer> and </answer>. Let me try again.\n"
+    )
+
+
+def format_information(hits: Sequence[Hit], *, max_doc_chars: int) -> str:
+    """Format search hits as the observation of a search turn.
+
+    Each document's text is cut to `max_doc_chars` characters (with "…" when cut). No hits
+    give an explicit "no results" line, never an empty observation.
+
+    >>> h = Hit(doc_id="d1", title="Paris", text="Paris is in France.", score=1.0)
+    >>> format_information([h], max_doc_chars=100)
+    '\\n<information>Doc 1(Title: Paris) Paris is in France.</information>\\n'
+    """
+    if not hits:
+        return "\n<information>No results.</information>\n"
+    lines = []
+    for i, hit in enumerate(hits, start=1):
+        text = hit.text if len(hit.text) <= max_doc_chars else hit.text[:max_doc_chars] + "…"
+        lines.append(f"Doc {i}(Title: {hit.title}) {text}")
+    return to_charset("\n<information>" + "\n".join(lines) + "</information>\n")

@@ -1,0 +1,653 @@
+"""`SearchQAEnv`: a multi-turn search/QA environment whose state can be forked at any turn.
+
+The env follows the Search-R1 protocol (`envs.protocol`). Its whole mutable state is one
+immutable `_Episode` value whose history is a persistent linked list of turns, so `fork` is
+O(1) in the history length: a fork shares the episode value, the task set, the retriever and
+the space template, and owns nothing that another env can change. `snapshot` turns the same
+state into a JSON-serialisable `EnvSnapshot`.
+
+Fork law (DESIGN §3): for any reachable state and any action sequence, stepping a fork, or an
+env restored from a snapshot (even one that went through JSON), gives the same observations,
+rewards, flags and infos as stepping the original.
+
+Retrieval inside an episode is deterministic: results are kept per normalised query in the
+episode's own history (and so in its snapshots), and a repeated query is answered from there.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Self, SupportsFloat
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.spaces import Text
+
+from envs.errors import (
+    ActionTypeError,
+    EnvConfigError,
+    EpisodeStateError,
+    RetrievalFailedError,
+    SnapshotError,
+    UnknownTaskError,
+)
+from envs.protocol import (
+    CHARSET,
+    DEFAULT_PROMPT_TEMPLATE,
+    MAX_TEXT_CHARS,
+    ActionKind,
+    format_information,
+    format_prompt,
+    invalid_action_message,
+    parse_action,
+)
+from envs.rewards import RewardKind, format_reward, reward_for_answer, score_answer
+from envs.snapshot import SCHEMA_VERSION, EnvSnapshot, TurnRecord
+from envs.tasks import QATask, TaskSet
+from retrieval.base import Hit, Retriever
+from retrieval.cache import normalize_query
+
+__all__ = ["SearchQAConfig", "SearchQAEnv"]
+
+log = logging.getLogger(__name__)
+
+_REWARD_KINDS = ("em", "f1", "f1_threshold", "format")
+_MAX_TITLE_CHARS = 200
+# per-document framing: "Doc NN(Title: " + title + ") " + "…" + "\n"
+_DOC_OVERHEAD = 24 + _MAX_TITLE_CHARS
+_INFO_OVERHEAD = 64
+# the bit generators a snapshot may name (never a free getattr on untrusted JSON)
+_BIT_GENERATORS: dict[str, type[np.random.BitGenerator]] = {
+    "PCG64": np.random.PCG64,
+    "PCG64DXSM": np.random.PCG64DXSM,
+    "MT19937": np.random.MT19937,
+    "Philox": np.random.Philox,
+    "SFC64": np.random.SFC64,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchQAConfig:
+    """Everything that fixes an env's dynamics besides its tasks and retriever.
+
+    Attributes:
+        max_turns: actions per episode; the episode is truncated after the last one unless it
+            was an answer. Must be at least 2 (a search, then an answer).
+        top_k: documents per search.
+        reward: "em" (1/0), "f1" (token F1), "f1_threshold" (1 if F1 >= `f1_threshold`) or
+            "format" (Tree-GRPO's format-shaped reward, `envs.rewards.format_reward`).
+        f1_threshold: used by the "f1_threshold" reward.
+        prompt_template: the prompt, with a literal `{question}` placeholder.
+        max_doc_chars: each document's text is cut to this many characters in observations.
+    """
+
+    max_turns: int = 4
+    top_k: int = 3
+    reward: RewardKind = "em"
+    f1_threshold: float = 0.3
+    prompt_template: str = DEFAULT_PROMPT_TEMPLATE
+    max_doc_chars: int = 2_000
+
+    def __post_init__(self) -> None:
+        if self.max_turns < 2:
+            raise EnvConfigError(f"max_turns={self.max_turns}: must be >= 2 (search, answer)")
+        if self.top_k < 1:
+            raise EnvConfigError(f"top_k={self.top_k}: must be >= 1")
+        if self.reward not in _REWARD_KINDS:
+            raise EnvConfigError(f"reward={self.reward!r}: choose one of {_REWARD_KINDS}")
+        if not 0.0 <= self.f1_threshold <= 1.0:
+            raise EnvConfigError(f"f1_threshold={self.f1_threshold}: must be in [0, 1]")
+        if "{question}" not in self.prompt_template:
+            raise EnvConfigError("prompt_template has no {question} placeholder")
+        if self.max_doc_chars < 1:
+            raise EnvConfigError(f"max_doc_chars={self.max_doc_chars}: must be >= 1")
+        longest = self.top_k * (self.max_doc_chars + _DOC_OVERHEAD) + _INFO_OVERHEAD
+        if longest > MAX_TEXT_CHARS:
+            raise EnvConfigError(
+                f"top_k={self.top_k} documents of max_doc_chars={self.max_doc_chars} could make "
+                f"a {longest}-character observation, over the space's {MAX_TEXT_CHARS}; "
+                f"lower max_doc_chars to {self.max_doc_chars_limit(self.top_k)} or less"
+            )
+
+    @staticmethod
+    def max_doc_chars_limit(top_k: int) -> int:
+        """The largest `max_doc_chars` whose observations fit the text space at this top_k."""
+        return (MAX_TEXT_CHARS - _INFO_OVERHEAD) // top_k - _DOC_OVERHEAD
+
+    @property
+    def prompt_sha256(self) -> str:
+        """Hash of the prompt template (what snapshots record instead of the text)."""
+        return hashlib.sha256(self.prompt_template.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    """One node of the persistent history: a turn and a link to the one before."""
+
+    kind: ActionKind
+    content: str
+    hits: tuple[Hit, ...]
+    query_key: str  # normalize_query(content) for a search, "" otherwise
+    parent: _Turn | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Episode:
+    """All mutable state of an env, as one immutable value (replaced, never changed)."""
+
+    task: QATask
+    index_id: str
+    last: _Turn | None
+    n_turns: int
+    n_tool_calls: int
+    n_invalid: int
+    retrieved_doc_ids: tuple[str, ...]
+    terminated: bool
+    truncated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Shared:
+    """What every fork of an env shares: read-only by contract."""
+
+    config: SearchQAConfig
+    tasks: TaskSet
+    retriever: Retriever
+    space_template: Text
+
+
+class SearchQAEnv(gym.Env[str, str]):
+    """Multi-turn search/QA over a task set and a retriever, with snapshot, restore and fork.
+
+    Args:
+        tasks: the questions; `reset` picks one (see `reset`).
+        retriever: anything meeting `retrieval.Retriever`; it must be deterministic.
+        max_turns: actions per episode (`SearchQAConfig.max_turns`).
+        top_k: documents per search.
+        reward: "em", "f1", "f1_threshold" or "format".
+        f1_threshold: threshold of the "f1_threshold" reward.
+        prompt_template: prompt with a `{question}` placeholder (Search-R1's by default).
+        max_doc_chars: cut each document's text to this many characters; None takes the
+            largest value whose observations fit the text space.
+
+    Raises:
+        EnvConfigError: an argument is out of range, or `tasks` is empty.
+
+    Observations and actions are strings (`gymnasium.spaces.Text`). `info` on reset and on
+    every step holds "task_id", "golden_answers", "question_type", "n_hops", "turn_idx",
+    "max_turns", "n_tool_calls" (searches so far), "retrieved_doc_ids" (every document shown so
+    far, in order), "valid_action" and "action_kind" (None on reset). Reset adds "question";
+    an answer adds "answer", "em", "sub_em" and "f1".
+
+    >>> from retrieval.base import Document
+    >>> from retrieval.bm25 import BM25Retriever
+    >>> docs = [Document(doc_id="d1", title="Acme", text="Acme was founded by Ann Vole.")]
+    >>> tasks = TaskSet([QATask(task_id="q1", question="Who founded Acme?",
+    ...                         golden_answers=("Ann Vole",))])
+    >>> env = SearchQAEnv(tasks, BM25Retriever.build(docs))
+    >>> prompt, info = env.reset(seed=0)
+    >>> obs, *_ = env.step("<search> Acme founder </search>")
+    >>> obs
+    '\\n<information>Doc 1(Title: Acme) Acme was founded by Ann Vole.</information>\\n'
+    >>> branch = env.fork()[0]
+    >>> branch.step("<answer> Ann Vole </answer>")[1:3], env.step("<answer> Bob </answer>")[1:3]
+    ((1.0, True), (0.0, True))
+    """
+
+    metadata: dict[str, Any] = {"render_modes": []}  # noqa: RUF012 (gymnasium's API)
+
+    def __init__(
+        self,
+        tasks: TaskSet,
+        retriever: Retriever,
+        *,
+        max_turns: int = 4,
+        top_k: int = 3,
+        reward: RewardKind = "em",
+        f1_threshold: float = 0.3,
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        max_doc_chars: int | None = 2_000,
+    ) -> None:
+        if not isinstance(tasks, TaskSet):
+            tasks = TaskSet(tasks)
+        if len(tasks) == 0:
+            raise EnvConfigError("the task set is empty: an env needs at least one task")
+        config = SearchQAConfig(
+            max_turns=max_turns,
+            top_k=top_k,
+            reward=reward,
+            f1_threshold=f1_threshold,
+            prompt_template=prompt_template,
+            max_doc_chars=(
+                SearchQAConfig.max_doc_chars_limit(top_k)
+                if max_doc_chars is None
+                else max_doc_chars
+            ),
+        )
+        # Text builds a per-character index (~1 ms); forks copy this template in O(1) instead.
+        template = Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
+        self._shared = _Shared(
+            config=config, tasks=tasks, retriever=retriever, space_template=template
+        )
+        self._episode: _Episode | None = None
+        self._space: Text | None = None
+        self._rng_pending: dict[str, Any] | None = None
+
+    # -- read-only views -------------------------------------------------------------------
+
+    @property
+    def config(self) -> SearchQAConfig:
+        """The env's configuration."""
+        return self._shared.config
+
+    @property
+    def tasks(self) -> TaskSet:
+        """The task set (shared with every fork)."""
+        return self._shared.tasks
+
+    @property
+    def retriever(self) -> Retriever:
+        """The retriever (shared with every fork)."""
+        return self._shared.retriever
+
+    @property
+    def task(self) -> QATask | None:
+        """The current episode's task, or None before the first `reset`."""
+        return None if self._episode is None else self._episode.task
+
+    @property
+    def episode_over(self) -> bool:
+        """True when there is no running episode (never reset, answered, or truncated)."""
+        ep = self._episode
+        return ep is None or ep.terminated or ep.truncated
+
+    @property
+    def history(self) -> tuple[TurnRecord, ...]:
+        """The episode's turns so far, oldest first (O(turns))."""
+        turns: list[TurnRecord] = []
+        node = None if self._episode is None else self._episode.last
+        while node is not None:
+            turns.append(TurnRecord(kind=node.kind, content=node.content, hits=node.hits))
+            node = node.parent
+        return tuple(reversed(turns))
+
+    # -- spaces and randomness: lazily per env, so forks stay O(1) ----------------------------
+
+    def _text_space(self) -> Text:
+        if self._space is None:
+            # a shallow copy shares the read-only charset tables; its sampling RNG is created
+            # on first use, so no two envs share one
+            self._space = copy.copy(self._shared.space_template)
+        return self._space
+
+    @property
+    def action_space(self) -> Text:  # type: ignore[override]
+        """`Text(MAX_TEXT_CHARS, charset=CHARSET)`; `step` accepts any string anyway."""
+        return self._text_space()
+
+    @action_space.setter
+    def action_space(self, space: Text) -> None:
+        self._space = space
+
+    @property
+    def observation_space(self) -> Text:  # type: ignore[override]
+        """`Text(MAX_TEXT_CHARS, charset=CHARSET)`: every prompt and observation is in it."""
+        return self._text_space()
+
+    @observation_space.setter
+    def observation_space(self, space: Text) -> None:
+        self._space = space
+
+    @property
+    def np_random(self) -> np.random.Generator:
+        """The env's generator (Gymnasium's), rebuilt lazily in forks and restored envs."""
+        if self._np_random is None and self._rng_pending is not None:
+            state = self._rng_pending
+            bit_generator = _BIT_GENERATORS[state["bit_generator"]]()
+            bit_generator.state = state
+            self._np_random = np.random.Generator(bit_generator)
+            self._rng_pending = None
+        return gym.Env.np_random.fget(self)  # type: ignore[attr-defined]
+
+    @np_random.setter
+    def np_random(self, value: np.random.Generator) -> None:
+        self._rng_pending = None
+        gym.Env.np_random.fset(self, value)  # type: ignore[attr-defined]
+
+    def _rng_state(self) -> dict[str, Any] | None:
+        if self._rng_pending is not None:
+            return self._rng_pending
+        return None if self._np_random is None else self._np_random.bit_generator.state
+
+    # -- the Gymnasium API -----------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Start an episode and return (prompt, info).
+
+        Args:
+            seed: seeds `np_random` (as every Gymnasium env).
+            options: {"task_id": id} picks the task; without it, a task is drawn uniformly
+                with `np_random`.
+
+        Raises:
+            UnknownTaskError: `task_id` is not in the task set.
+            EnvConfigError: an unknown option, or a prompt longer than the text space.
+        """
+        super().reset(seed=seed)
+        if seed is not None:
+            self._rng_pending = None
+        options = options or {}
+        unknown = set(options) - {"task_id"}
+        if unknown:
+            raise EnvConfigError(
+                f"unknown reset options {sorted(unknown)}; the only one is 'task_id'"
+            )
+        tasks = self._shared.tasks
+        if "task_id" in options:
+            task_id = options["task_id"]
+            if not isinstance(task_id, str) or task_id not in tasks:
+                raise UnknownTaskError(
+                    f"task_id {task_id!r} is not in this env's task set of {len(tasks)} tasks "
+                    f"(first ids: {list(tasks.ids[:3])})"
+                )
+            task = tasks[task_id]
+        else:
+            task = tasks[int(self.np_random.integers(len(tasks)))]
+        prompt = format_prompt(self._shared.config.prompt_template, task.question)
+        if len(prompt) > MAX_TEXT_CHARS:
+            raise EnvConfigError(
+                f"task {task.task_id!r} makes a {len(prompt)}-character prompt, over the text "
+                f"space's {MAX_TEXT_CHARS}"
+            )
+        self._episode = _Episode(
+            task=task,
+            index_id=self._shared.retriever.index_id,
+            last=None,
+            n_turns=0,
+            n_tool_calls=0,
+            n_invalid=0,
+            retrieved_doc_ids=(),
+            terminated=False,
+            truncated=False,
+        )
+        info = self._info(self._episode, kind=None, valid=True)
+        info["question"] = task.question
+        return prompt, info
+
+    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one action: a search, an answer, or anything else (an invalid action).
+
+        Returns:
+            (observation, reward, terminated, truncated, info). An answer terminates the
+            episode; the `max_turns`-th action that is not an answer truncates it.
+
+        Raises:
+            ActionTypeError: `action` is not a string.
+            EpisodeStateError: no episode is running.
+            RetrievalFailedError: the retriever failed; the env is unchanged, retry at will.
+        """
+        if not isinstance(action, str):
+            raise ActionTypeError(f"an action must be a str, got {type(action).__name__}")
+        ep = self._episode
+        if ep is None:
+            raise EpisodeStateError("step() before reset(): call reset() first")
+        if ep.terminated or ep.truncated:
+            how = "answered" if ep.terminated else f"truncated after {ep.n_turns} turns"
+            raise EpisodeStateError(
+                f"the episode on task {ep.task.task_id!r} is over ({how}); call reset()"
+            )
+        config = self._shared.config
+        parsed = parse_action(action)
+        reward = 0.0
+        extra: dict[str, Any] = {}
+        n_tool_calls, n_invalid, doc_ids = ep.n_tool_calls, ep.n_invalid, ep.retrieved_doc_ids
+        if parsed.kind == "search":
+            key = normalize_query(parsed.content)
+            hits = _cached_hits(ep.last, key)
+            if hits is None:
+                hits = self._search(key)
+            turn = _Turn("search", parsed.content, hits, key, ep.last)
+            observation = format_information(hits, max_doc_chars=config.max_doc_chars)
+            n_tool_calls += 1
+            doc_ids = doc_ids + tuple(hit.doc_id for hit in hits)
+        elif parsed.kind == "answer":
+            scores = score_answer(parsed.content, ep.task.golden_answers)
+            reward = reward_for_answer(
+                config.reward, scores, f1_threshold=config.f1_threshold, valid_format=n_invalid == 0
+            )
+            turn = _Turn("answer", parsed.content, (), "", ep.last)
+            observation = ""
+            extra = {
+                "answer": parsed.content,
+                "em": scores.em,
+                "sub_em": scores.sub_em,
+                "f1": scores.f1,
+            }
+        else:
+            turn = _Turn("invalid", parsed.reason, (), "", ep.last)
+            observation = invalid_action_message(parsed.reason)
+            n_invalid += 1
+        terminated = parsed.kind == "answer"
+        truncated = not terminated and ep.n_turns + 1 >= config.max_turns
+        if truncated and config.reward == "format":
+            reward = format_reward(answered=False, correct=False, valid_format=n_invalid == 0)
+        self._episode = ep = _Episode(
+            task=ep.task,
+            index_id=ep.index_id,
+            last=turn,
+            n_turns=ep.n_turns + 1,
+            n_tool_calls=n_tool_calls,
+            n_invalid=n_invalid,
+            retrieved_doc_ids=doc_ids,
+            terminated=terminated,
+            truncated=truncated,
+        )
+        info = self._info(ep, kind=parsed.kind, valid=parsed.kind != "invalid")
+        info.update(extra)
+        return observation, reward, terminated, truncated, info
+
+    def _search(self, query: str) -> tuple[Hit, ...]:
+        k = self._shared.config.top_k
+        try:
+            results = self._shared.retriever.search([query], k)
+        except Exception as err:  # any retriever failure becomes one typed, retryable error
+            raise RetrievalFailedError(
+                f"the retriever failed on query {query[:200]!r} (k={k}): {err!r}. The env is "
+                "unchanged; retry the step once the retriever is back"
+            ) from err
+        if (
+            not isinstance(results, list)
+            or len(results) != 1
+            or len(results[0]) > k
+            or not all(isinstance(hit, Hit) for hit in results[0])
+        ):
+            raise RetrievalFailedError(
+                f"the retriever broke its contract on query {query[:200]!r}: expected one list "
+                f"of at most {k} Hit objects, got {results!r:.300}"
+            )
+        return tuple(results[0])
+
+    def _info(self, ep: _Episode, *, kind: ActionKind | None, valid: bool) -> dict[str, Any]:
+        task = ep.task
+        return {
+            "task_id": task.task_id,
+            "golden_answers": list(task.golden_answers),
+            "question_type": task.question_type,
+            "n_hops": task.n_hops,
+            "turn_idx": ep.n_turns,
+            "max_turns": self._shared.config.max_turns,
+            "n_tool_calls": ep.n_tool_calls,
+            "retrieved_doc_ids": list(ep.retrieved_doc_ids),
+            "valid_action": valid,
+            "action_kind": kind,
+        }
+
+    # -- fork, snapshot, restore -----------------------------------------------------------
+
+    def fork(self, n: int = 1) -> list[Self]:
+        """`n` independent copies of this env at its current state, in O(1) each.
+
+        A fork shares the task set, the retriever and the (immutable) episode history with
+        this env, and owns its random generator (a copy of this one's state) and its spaces.
+        Subclasses that add mutable attributes must override `fork`.
+
+        Raises:
+            ValueError: `n` < 1.
+        """
+        if n < 1:
+            raise ValueError(f"fork(n={n}): n must be >= 1")
+        rng_state = self._rng_state()
+        forks = []
+        for _ in range(n):
+            clone = object.__new__(type(self))
+            clone._shared = self._shared
+            clone._episode = self._episode
+            clone._space = None
+            clone._rng_pending = rng_state
+            clone._np_random = None
+            clone._np_random_seed = self._np_random_seed
+            clone.spec = self.spec
+            clone.render_mode = self.render_mode
+            forks.append(clone)
+        return forks
+
+    def snapshot(self) -> EnvSnapshot:
+        """The env's whole state as an immutable, JSON-serialisable value."""
+        config = self._shared.config
+        ep = self._episode
+        rng_state = self._rng_state()
+        return EnvSnapshot(
+            env=type(self).__name__,
+            max_turns=config.max_turns,
+            top_k=config.top_k,
+            reward=config.reward,
+            f1_threshold=config.f1_threshold,
+            max_doc_chars=config.max_doc_chars,
+            prompt_sha256=config.prompt_sha256,
+            task_id=None if ep is None else ep.task.task_id,
+            index_id=self._shared.retriever.index_id if ep is None else ep.index_id,
+            turns=self.history,
+            rng_state=None if rng_state is None else json.dumps(rng_state),
+        )
+
+    def restore(self, snap: EnvSnapshot) -> None:
+        """Put this env in the state `snap` describes.
+
+        The snapshot must come from an env of the same class and configuration, and its task
+        must be in this env's task set. Cached retrieval results come from the snapshot, so a
+        restored episode replays its queries exactly even if this env's retriever differs
+        (a different index id is logged as a warning).
+
+        Raises:
+            SnapshotError: the snapshot does not fit this env; `err.field` names the field.
+        """
+        if not isinstance(snap, EnvSnapshot):
+            raise SnapshotError(
+                f"{type(self).__name__}.restore needs an EnvSnapshot, got {type(snap).__name__} "
+                "(restore a wrapper chain with envs.restore(env, snap))",
+                field="kind",
+            )
+        if snap.schema_version != SCHEMA_VERSION:
+            raise SnapshotError(
+                f"snapshot schema_version {snap.schema_version} is not {SCHEMA_VERSION}",
+                field="schema_version",
+            )
+        config = self._shared.config
+        expected = {
+            "env": type(self).__name__,
+            "max_turns": config.max_turns,
+            "top_k": config.top_k,
+            "reward": config.reward,
+            "f1_threshold": config.f1_threshold,
+            "max_doc_chars": config.max_doc_chars,
+            "prompt_sha256": config.prompt_sha256,
+        }
+        for name, value in expected.items():
+            if getattr(snap, name) != value:
+                raise SnapshotError(
+                    f"snapshot field {name!r} is {getattr(snap, name)!r} but this env has "
+                    f"{value!r}; restore into an env configured like the one that took it",
+                    field=name,
+                )
+        episode = None if snap.task_id is None else self._episode_from(snap)
+        if snap.task_id is None and snap.turns:
+            raise SnapshotError("snapshot has turns but no task_id", field="task_id")
+        rng_state = None if snap.rng_state is None else _parse_rng_state(snap.rng_state)
+        if episode is not None and episode.index_id != self._shared.retriever.index_id:
+            log.warning(
+                "restoring an episode recorded on index %s into an env whose retriever has "
+                "index %s: cached queries replay from the snapshot, new ones use the new index",
+                episode.index_id,
+                self._shared.retriever.index_id,
+            )
+        self._episode = episode
+        self._np_random = None
+        self._rng_pending = rng_state
+
+    def _episode_from(self, snap: EnvSnapshot) -> _Episode:
+        assert snap.task_id is not None
+        if snap.task_id not in self._shared.tasks:
+            raise SnapshotError(
+                f"snapshot field 'task_id' is {snap.task_id!r}, which is not in this env's task "
+                "set; restore into an env built on the same tasks",
+                field="task_id",
+            )
+        if len(snap.turns) > self._shared.config.max_turns:
+            raise SnapshotError(
+                f"snapshot has {len(snap.turns)} turns, more than max_turns="
+                f"{self._shared.config.max_turns}",
+                field="turns",
+            )
+        last: _Turn | None = None
+        n_tool_calls = n_invalid = 0
+        doc_ids: list[str] = []
+        for i, record in enumerate(snap.turns):
+            if record.kind == "answer" and i != len(snap.turns) - 1:
+                raise SnapshotError(
+                    f"snapshot turn {i} is an answer but is not the last", field="turns"
+                )
+            if record.kind != "search" and record.hits:
+                raise SnapshotError(f"snapshot turn {i} ({record.kind}) has hits", field="turns")
+            key = normalize_query(record.content) if record.kind == "search" else ""
+            last = _Turn(record.kind, record.content, record.hits, key, last)
+            n_tool_calls += record.kind == "search"
+            n_invalid += record.kind == "invalid"
+            doc_ids.extend(hit.doc_id for hit in record.hits)
+        terminated = bool(snap.turns) and snap.turns[-1].kind == "answer"
+        return _Episode(
+            task=self._shared.tasks[snap.task_id],
+            index_id=snap.index_id,
+            last=last,
+            n_turns=len(snap.turns),
+            n_tool_calls=n_tool_calls,
+            n_invalid=n_invalid,
+            retrieved_doc_ids=tuple(doc_ids),
+            terminated=terminated,
+            truncated=not terminated and len(snap.turns) >= self._shared.config.max_turns,
+        )
+
+
+def _cached_hits(node: _Turn | None, key: str) -> tuple[Hit, ...] | None:
+    """The hits of the latest earlier search with this normalised query, if any."""
+    while node is not None:
+        if node.query_key == key and node.kind == "search":
+            return node.hits
+        node = node.parent
+    return None
+
+
+def _parse_rng_state(text: str) -> dict[str, Any]:
+    try:
+        state = json.loads(text)
+        _BIT_GENERATORS[state["bit_generator"]]
+    except (ValueError, KeyError, TypeError) as err:
+        raise SnapshotError(
+            f"snapshot rng_state is not a bit-generator state: {err!r}", field="rng_state"
+        ) from err
+    return state
