@@ -1,21 +1,67 @@
-"""`tracerl bench` and `tracerl corpus`."""
+"""`tracerl bench` and `tracerl corpus`.
+
+`tracerl bench` with no arguments evaluates the scripted oracle and naive agents on the embedded
+synthetic world, in seconds; with `--dataset`/`--data-file` it evaluates any agent on real
+questions, against an index (`--index`), a corpus file (`--corpus`), a retrieval server
+(`--retriever-url`) or, by default, the datasets' own paragraphs.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import logging
-from dataclasses import dataclass
+import os
+import platform
+import shlex
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import tyro
 
-from benchmarks.corpus import build_corpus, build_index, write_corpus_dir
-from benchmarks.errors import BenchmarkError
-from benchmarks.qa_datasets import FormatName, LoadedDataset, load_file, load_named
+from benchmarks.agents import (
+    Agent,
+    DecompositionOracle,
+    HTTPAgent,
+    PolicyAgent,
+    ScriptedAgent,
+    oracle_plans,
+)
+from benchmarks.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
+from benchmarks.errors import BenchmarkError, UnknownNameError
+from benchmarks.evaluation import Report, evaluate
+from benchmarks.qa_datasets import (
+    DatasetSource,
+    FormatName,
+    LoadedDataset,
+    SubQuestion,
+    combine,
+    load_file,
+    load_named,
+)
+from benchmarks.report import write_reports
+from envs import NaiveAgent, OracleAgent, SearchQAEnv, World
+from envs.errors import EnvError
+from envs.rewards import RewardKind
+from envs.tasks import TaskSet
+from harness.backends.base import SamplingParams
+from harness.errors import HarnessError
+from retrieval import (
+    BM25Retriever,
+    CachedRetriever,
+    RetrievalError,
+    Retriever,
+    make_retriever,
+    read_corpus,
+)
 
-__all__ = ["CorpusConfig", "DataArgs", "corpus"]
+__all__ = ["AgentArgs", "BenchConfig", "CorpusConfig", "DataArgs", "bench", "corpus", "make_agent"]
 
 log = logging.getLogger(__name__)
+
+SYNTHETIC_SPLITS = ("all", "train", "dev", "test", "test_entities")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -32,31 +78,89 @@ class DataArgs:
     name: str | None = None
     """Dataset name to report for `--data-file` tasks (default: from the format)."""
     split: str | None = None
-    """Hub split to load instead of the registry's (test, else dev)."""
+    """Hub split to load instead of the registry's (test, else dev); for `synthetic`: all,
+    train, dev, test or test_entities."""
     hub_path: Path | None = None
     """A local copy of the hub repo (e.g. from `hf download`) to load `--dataset` from."""
     limit: int | None = None
     """Keep the first N questions of each dataset."""
+    world_seed: int = 0
+    """Seed of the synthetic world (`--dataset synthetic`, the default)."""
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"--limit {self.limit}: must be >= 1")
 
 
-def load_data(args: DataArgs, *, default: tuple[str, ...] = ()) -> list[LoadedDataset]:
-    """Load what `args` names, files first, then registry names (`default` if neither)."""
+@dataclass(frozen=True, slots=True)
+class LoadedData:
+    """Questions (each source, and all combined), plus the synthetic world if they are its."""
+
+    parts: tuple[LoadedDataset, ...]
+    world: World | None
+
+    @property
+    def dataset(self) -> LoadedDataset:
+        """Every part combined (a task id shared by two parts counts once)."""
+        return combine(self.parts)
+
+
+def _load_synthetic(args: DataArgs) -> LoadedData:
+    split = args.split or "all"
+    if split not in SYNTHETIC_SPLITS:
+        raise UnknownNameError(f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}")
+    world = World.generate(args.world_seed)
+    tasks = world.tasks if split == "all" else getattr(world.split(), split)
+    if args.limit is not None:
+        tasks = tasks[: args.limit]
+    decompositions = {
+        t.task_id: tuple(
+            SubQuestion(question=s.query, answer=s.answer)
+            for s in world.decomposition(t.task_id).steps
+        )
+        for t in tasks
+    }
+    source = DatasetSource(
+        kind="synthetic",
+        location=f"World.generate({args.world_seed}), split {split}, fingerprint "
+        f"{world.fingerprint[:16]}",
+        format="synthetic",
+    )
+    dataset = LoadedDataset(
+        name="synthetic", tasks=tasks, sources=(source,), decompositions=decompositions
+    )
+    return LoadedData(parts=(dataset,), world=world)
+
+
+def load_data(args: DataArgs, *, allow_synthetic: bool = True) -> LoadedData:
+    """Load what `args` names (files, then registry names); nothing named means `synthetic`.
+
+    Raises:
+        BenchmarkError: nothing could be loaded, or the synthetic world is mixed with others.
+    """
+    if not allow_synthetic and not args.dataset and not args.data_file:
+        raise BenchmarkError(
+            "no questions: pass --dataset NAME or --data-file PATH (the synthetic world "
+            "carries its own corpus: `tracerl world --out DIR --index`)"
+        )
+    names = args.dataset or (() if args.data_file else ("synthetic",))
+    if "synthetic" in names:
+        if not allow_synthetic:
+            raise BenchmarkError(
+                "the synthetic world carries its own corpus: `tracerl world --out DIR --index`"
+            )
+        if len(names) > 1 or args.data_file:
+            raise BenchmarkError("evaluate the synthetic world on its own, not mixed with others")
+        return _load_synthetic(args)
     parts = [
         load_file(path, format=args.format, name=args.name, limit=args.limit)
         for path in args.data_file
     ]
-    names = args.dataset or (() if parts else default)
-    for name in names:
-        if name == "synthetic":
-            raise BenchmarkError("the synthetic world is not a file dataset; see `tracerl world`")
-        parts.append(load_named(name, split=args.split, limit=args.limit, hub_path=args.hub_path))
-    if not parts:
-        raise BenchmarkError("no questions: pass --dataset NAME or --data-file PATH")
-    return parts
+    parts += [
+        load_named(name, split=args.split, limit=args.limit, hub_path=args.hub_path)
+        for name in names
+    ]
+    return LoadedData(parts=tuple(parts), world=None)
 
 
 # --- tracerl corpus ----------------------------------------------------------------------------
@@ -81,8 +185,8 @@ def corpus(argv: list[str]) -> int:
     """`tracerl corpus`: build a corpus (and a BM25 index) from datasets' paragraphs."""
     config = tyro.cli(CorpusConfig, args=argv, prog="tracerl corpus")
     try:
-        parts = load_data(config)
-        build = build_corpus(parts)
+        data = load_data(config, allow_synthetic=False)
+        build = build_corpus(data.parts)
     except BenchmarkError as err:
         log.error("%s", err)
         return 2
@@ -98,4 +202,312 @@ def corpus(argv: list[str]) -> int:
         index_id = build_index(build.documents, index_dir, progress=True)
         print(f"BM25 index {index_id} -> {index_dir}")
         print(f"next: tracerl bench --data-file {paths['tasks']} --index {index_dir}")
+    return 0
+
+
+# --- tracerl bench -----------------------------------------------------------------------------
+
+AgentKind = Literal["oracle", "naive", "transformers", "vllm", "openai"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentArgs:
+    """Which agents, and how they generate."""
+
+    agent: tuple[AgentKind, ...] = ("oracle", "naive")
+    """Agents to evaluate, each on the same questions: `oracle` and `naive` are scripted;
+    `transformers` and `vllm` run `--model DIR` locally; `openai` calls `--base-url`."""
+    model: str | None = None
+    """transformers / vllm: a model directory; openai: the served model name."""
+    base_url: str = "http://127.0.0.1:8000/v1"
+    """openai: the endpoint (`vllm serve MODEL` listens on port 8000)."""
+    api: Literal["completions", "chat"] = "completions"
+    """openai: `completions` (the transcript as one text, Search-R1's protocol) or `chat`."""
+    api_key: str | None = None
+    """openai: the API key (default: $OPENAI_API_KEY)."""
+    extensions: Literal["vllm", "none"] = "vllm"
+    """openai: send vLLM's extra fields (`none` for hosted APIs that reject unknown fields)."""
+    temperature: float = 0.0
+    """0 is greedy."""
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    """Per action."""
+    max_context_tokens: int = 4096
+    """transformers / vllm: stop an episode whose transcript would outgrow this."""
+    chat_template: bool = False
+    """transformers / vllm: wrap the prompt in the tokenizer's chat template (instruct models)."""
+    concurrency: int = 16
+    """Episodes in flight: the batch of a local model, concurrent requests for openai."""
+    timeout_s: float = 120.0
+    """openai: per request."""
+    max_retries: int = 3
+    """openai: retries on connection errors, 429 and 5xx."""
+    device: str = "cpu"
+    """transformers: torch device."""
+    epsilon: float = 0.0
+    """oracle on the synthetic world: noise rate (wrong queries and answers)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig(DataArgs, AgentArgs):
+    """Evaluate agents on multi-hop QA: EM / sub-EM / F1 per dataset, question type and hops.
+
+    With no arguments: the scripted oracle and naive agents on the embedded synthetic world.
+    Writes OUT/report.json, OUT/report.md, OUT/trajectories.jsonl and OUT/report.png.
+    """
+
+    index: Path | None = None
+    """An index directory (`tracerl corpus`, `tracerl index build`, `tracerl world --index`)."""
+    corpus: Path | None = None
+    """A corpus JSONL ({"id", "contents"}) to index with BM25 in memory."""
+    retriever_url: str | None = None
+    """A Search-R1-protocol retrieval server (`tracerl serve-retriever`, wiki-18 servers)."""
+    max_turns: int = 4
+    """Actions per episode (Search-R1's protocol: 4)."""
+    topk: int = 3
+    """Documents per search."""
+    reward: RewardKind = "em"
+    """The env's reward (EM / sub-EM / F1 are reported whatever it is)."""
+    seed: int = 0
+    """Seeds env resets and sampling."""
+    out: Path = Path("runs/bench")
+    """Output folder."""
+    progress: bool = True
+    """Draw a progress bar with the running EM (stderr)."""
+    json: bool = False
+    """Print one JSON object (overall metrics per agent) as the last line of stdout."""
+
+
+def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[str, Any]]:
+    """The retriever the run uses, and how the report describes it."""
+    given = [x for x in (config.index, config.corpus, config.retriever_url) if x is not None]
+    if len(given) > 1:
+        raise BenchmarkError("pass at most one of --index, --corpus, --retriever-url")
+    if config.retriever_url is not None or config.index is not None:
+        spec = str(config.retriever_url or config.index)
+        retriever = make_retriever(spec)
+        source = {"spec": spec}
+    elif config.corpus is not None:
+        retriever = CachedRetriever(BM25Retriever.build(read_corpus(config.corpus)))
+        source = {"corpus": str(config.corpus)}
+    elif data.world is not None:
+        retriever = CachedRetriever(BM25Retriever.build(data.world.documents))
+        source = {"corpus": "the synthetic world's documents"}
+    else:
+        build = build_corpus(data.parts)  # NoParagraphsError says what to pass instead
+        log.info(
+            "no --index/--corpus/--retriever-url: indexing the datasets' own %d paragraphs "
+            "with BM25",
+            len(build.documents),
+        )
+        retriever = CachedRetriever(BM25Retriever.build(build.documents))
+        source = {"corpus": "the datasets' own paragraphs (tracerl corpus)"}
+    inner = retriever.inner if isinstance(retriever, CachedRetriever) else retriever
+    manifest = getattr(inner, "manifest", None)
+    meta = {
+        **source,
+        "kind": type(inner).__name__,
+        "index_id": retriever.index_id,
+        "manifest": manifest.to_json() if manifest is not None else None,
+    }
+    return retriever, meta
+
+
+def _recall_tasks(tasks: TaskSet, retriever: Retriever) -> TaskSet:
+    """Tasks with the corpus ids of their supporting paragraphs, where the index holds them."""
+    tasks = attach_doc_ids(tasks)
+    inner = retriever.inner if isinstance(retriever, CachedRetriever) else retriever
+    documents = getattr(inner, "documents", None)
+    if documents is None:
+        log.info("retrieval recall assumes the server's corpus uses `tracerl corpus` ids")
+        return tasks
+    indexed = {d.doc_id for d in documents}
+    wanted = {d for t in tasks for d in t.supporting_doc_ids}
+    if wanted and not wanted & indexed:
+        log.warning(
+            "the index holds none of the supporting paragraphs' ids, so retrieval recall "
+            "cannot be measured (build the index with `tracerl corpus` for it)"
+        )
+        return TaskSet(replace(t, supporting_doc_ids=()) for t in tasks)
+    return tasks
+
+
+def _sampling(args: AgentArgs, seed: int) -> SamplingParams:
+    return SamplingParams(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=seed,
+        logprobs=False,
+    )
+
+
+def make_agent(kind: AgentKind, args: AgentArgs, data: LoadedData, *, seed: int = 0) -> Agent:
+    """Build one agent of `kind` from the command-line settings.
+
+    Raises:
+        BenchmarkError: a model agent without `--model`.
+        BackendUnavailable: vLLM is not installed (`vllm`).
+    """
+    if kind == "naive":
+        return ScriptedAgent("naive", NaiveAgent, {"policy": "envs.NaiveAgent"})
+    if kind == "oracle":
+        world = data.world
+        if world is not None:
+            return ScriptedAgent(
+                "oracle",
+                lambda: OracleAgent(world, epsilon=args.epsilon, seed=seed),
+                {"policy": "envs.OracleAgent", "epsilon": args.epsilon, "seed": seed},
+            )
+        plans = oracle_plans(data.dataset)
+        return ScriptedAgent(
+            "oracle",
+            lambda: DecompositionOracle(plans),
+            {"policy": "benchmarks.DecompositionOracle (decomposition, else supporting titles)"},
+        )
+    if args.model is None:
+        raise BenchmarkError(f"--agent {kind} needs --model")
+    name = f"{kind}:{Path(args.model).name or args.model}"
+    sampling = _sampling(args, seed)
+    if kind == "openai":
+        from harness.backends.openai_compat import EndpointConfig, OpenAICompatClient
+
+        endpoint = EndpointConfig(
+            base_url=args.base_url,
+            model=args.model,
+            api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+            timeout_s=args.timeout_s,
+            max_retries=args.max_retries,
+            max_concurrency=args.concurrency,
+            extensions=args.extensions,
+        )
+        return HTTPAgent(name, OpenAICompatClient(endpoint), sampling, api=args.api)
+    settings = {"backend": kind, "model": args.model}
+    if kind == "transformers":
+        from harness.backends.transformers_backend import TransformersBackend
+
+        backend = TransformersBackend(
+            args.model, device=args.device, batch_size=args.concurrency, seed=seed
+        )
+        tokenizer = backend.tokenizer
+    else:
+        from transformers import AutoTokenizer
+
+        from harness.backends.vllm_backend import VLLMBackend
+
+        backend = VLLMBackend(args.model, max_model_len=args.max_context_tokens, seed=seed)
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+    return PolicyAgent(
+        name,
+        backend,
+        tokenizer,
+        sampling,
+        chat_template=args.chat_template,
+        max_context_tokens=args.max_context_tokens,
+        settings=settings,
+    )
+
+
+def _meta(
+    config: BenchConfig, argv: list[str], data: LoadedData, retriever: dict[str, Any]
+) -> dict[str, Any]:
+    config_json = {
+        k: (str(v) if isinstance(v, Path) else list(map(str, v)) if isinstance(v, tuple) else v)
+        for k, v in asdict(config).items()
+        if k != "api_key"
+    }
+    return {
+        "command": shlex.join(["tracerl", "bench", *argv]),
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "trace_rl_version": importlib.metadata.version("trace-rl"),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "dataset": data.dataset.to_json(),
+        "retriever": retriever,
+        "env": {
+            "max_turns": config.max_turns,
+            "top_k": config.topk,
+            "reward": config.reward,
+        },
+        "seed": config.seed,
+        "config": config_json,
+    }
+
+
+def _print_summary(reports: list[Report]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.width = max(console.width, 132)  # a pipe reports 80 columns; keep rows whole
+    for title, groups in (
+        ("overall", [(r.agent, "all", r.overall) for r in reports]),
+        ("per question type", [(r.agent, k, m) for r in reports for k, m in r.by_type.items()]),
+        ("per hop count", [(r.agent, k, m) for r in reports for k, m in r.by_hops.items()]),
+    ):
+        table = Table(title=f"tracerl bench: {title}")
+        for column in (
+            "agent",
+            "group",
+            "n",
+            "EM",
+            "sub-EM",
+            "F1",
+            "valid",
+            "searches",
+            "tokens",
+            "recall",
+        ):
+            table.add_column(column, justify="left" if column in ("agent", "group") else "right")
+        for agent, group, m in groups:
+            recall = "–" if m.recall is None else f"{m.recall:.3f}"
+            table.add_row(
+                agent, group, str(m.n), f"{m.em:.3f}", f"{m.sub_em:.3f}", f"{m.f1:.3f}",
+                f"{m.valid_action_rate:.3f}", f"{m.searches:.2f}", f"{m.tokens:.1f}", recall,
+            )  # fmt: skip
+        console.print(table)
+
+
+def bench(argv: list[str]) -> int:
+    """`tracerl bench`: evaluate agents and write the report."""
+    config = tyro.cli(BenchConfig, args=argv, prog="tracerl bench")
+    try:
+        data = load_data(config)
+        retriever, retriever_meta = _retriever(config, data)
+        tasks = _recall_tasks(data.dataset.tasks, retriever)
+        meta = _meta(config, argv, data, retriever_meta)
+        agents = [
+            make_agent(kind, config, data, seed=config.seed) for kind in dict.fromkeys(config.agent)
+        ]
+    except (BenchmarkError, RetrievalError, EnvError, HarnessError) as err:
+        log.error("%s", err)
+        return 2
+
+    def env_factory() -> SearchQAEnv:
+        return SearchQAEnv(
+            tasks, retriever, max_turns=config.max_turns, top_k=config.topk, reward=config.reward
+        )
+
+    reports = []
+    try:
+        for agent in agents:
+            reports.append(
+                evaluate(
+                    agent,
+                    env_factory,
+                    tasks,
+                    batch_size=config.concurrency,
+                    seed=config.seed,
+                    progress=config.progress,
+                )
+            )
+    except (RetrievalError, HarnessError) as err:
+        log.error("%s", err)
+        return 2
+    paths = write_reports(reports, config.out, meta=meta)
+    _print_summary(reports)
+    print(f"wrote {paths['json']}, {paths['markdown']}, {paths['trajectories']}, {paths['plot']}")
+    if config.json:
+        summary = {r.agent: r.overall.to_json() for r in reports}
+        print(json.dumps({"out": str(config.out), "overall": summary}, sort_keys=True), flush=True)
     return 0

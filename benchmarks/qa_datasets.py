@@ -344,6 +344,13 @@ def _from_flashrag(record: Mapping[str, Any], index: int, name: str) -> Parsed:
     if n_hops is None and _HOPS_PREFIX.match(task_id):
         question_type, n_hops = _musique_type(task_id)
     dataset = str(record.get("dataset") or record.get("data_source") or name)
+    decomposition = record.get("decomposition")  # the synthetic world's export
+    steps: tuple[SubQuestion, ...] = ()
+    if isinstance(decomposition, Mapping):
+        steps = tuple(
+            SubQuestion(question=str(s["query"]), answer=str(s["answer"]))
+            for s in decomposition.get("steps", ())
+        )
     return (
         QATask(
             task_id=task_id,
@@ -355,7 +362,7 @@ def _from_flashrag(record: Mapping[str, Any], index: int, name: str) -> Parsed:
             paragraphs=paragraphs,
             dataset=dataset,
         ),
-        (),
+        steps,
     )
 
 
