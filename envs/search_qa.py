@@ -318,10 +318,11 @@ class SearchQAEnv(gym.Env[str, str]):
         self._rng_pending = None
         gym.Env.np_random.fset(self, value)  # type: ignore[attr-defined]
 
-    def _rng_state(self) -> dict[str, Any] | None:
+    def _rng_state(self) -> dict[str, Any]:
+        """The generator's state; an unseeded env draws its seed now, so copies agree."""
         if self._rng_pending is not None:
             return self._rng_pending
-        return None if self._np_random is None else self._np_random.bit_generator.state
+        return self.np_random.bit_generator.state
 
     # -- the Gymnasium API -----------------------------------------------------------------
 
@@ -521,7 +522,6 @@ class SearchQAEnv(gym.Env[str, str]):
         """The env's whole state as an immutable, JSON-serialisable value."""
         config = self._shared.config
         ep = self._episode
-        rng_state = self._rng_state()
         return EnvSnapshot(
             env=type(self).__name__,
             max_turns=config.max_turns,
@@ -533,7 +533,7 @@ class SearchQAEnv(gym.Env[str, str]):
             task_id=None if ep is None else ep.task.task_id,
             index_id=self._shared.retriever.index_id if ep is None else ep.index_id,
             turns=self.history,
-            rng_state=None if rng_state is None else json.dumps(rng_state),
+            rng_state=json.dumps(self._rng_state()),
         )
 
     def restore(self, snap: EnvSnapshot) -> None:
