@@ -50,6 +50,29 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def _exact(pred: str, golds: Sequence[str]) -> float:
+    return float(pred in golds)
+
+
+def _sub_exact(pred: str, golds: Sequence[str]) -> float:
+    return float(any(gold and gold in pred for gold in golds))
+
+
+def _f1(pred: str, golds: Sequence[str]) -> float:
+    pred_tokens = pred.split()
+    best = 0.0
+    for gold in golds:
+        if (pred in _SPECIAL or gold in _SPECIAL) and pred != gold:
+            continue
+        gold_tokens = gold.split()
+        n_same = sum((Counter(pred_tokens) & Counter(gold_tokens)).values())
+        if n_same == 0:
+            continue
+        precision, recall = n_same / len(pred_tokens), n_same / len(gold_tokens)
+        best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
 def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
     """1.0 if the normalised prediction equals any normalised gold answer, else 0.0.
 
@@ -58,8 +81,7 @@ def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
     >>> exact_match("Beatles band", ["Beatles"])
     0.0
     """
-    pred = normalize_answer(prediction)
-    return float(any(pred == normalize_answer(gold) for gold in golden_answers))
+    return _exact(normalize_answer(prediction), [normalize_answer(g) for g in golden_answers])
 
 
 def sub_exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
@@ -73,8 +95,7 @@ def sub_exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
     >>> sub_exact_match("Beatles", ["The Beatles band"])
     0.0
     """
-    pred = normalize_answer(prediction)
-    return float(any(g and g in pred for g in (normalize_answer(gold) for gold in golden_answers)))
+    return _sub_exact(normalize_answer(prediction), [normalize_answer(g) for g in golden_answers])
 
 
 def token_f1(prediction: str, golden_answers: Sequence[str]) -> float:
@@ -87,20 +108,7 @@ def token_f1(prediction: str, golden_answers: Sequence[str]) -> float:
     >>> token_f1("no", ["no way"])
     0.0
     """
-    pred = normalize_answer(prediction)
-    pred_tokens = pred.split()
-    best = 0.0
-    for gold in golden_answers:
-        ref = normalize_answer(gold)
-        if (pred in _SPECIAL or ref in _SPECIAL) and pred != ref:
-            continue
-        ref_tokens = ref.split()
-        n_same = sum((Counter(pred_tokens) & Counter(ref_tokens)).values())
-        if n_same == 0:
-            continue
-        precision, recall = n_same / len(pred_tokens), n_same / len(ref_tokens)
-        best = max(best, 2 * precision * recall / (precision + recall))
-    return best
+    return _f1(normalize_answer(prediction), [normalize_answer(g) for g in golden_answers])
 
 
 def extract_answer(action: str) -> str | None:
@@ -132,11 +140,9 @@ def score_answer(prediction: str, golden_answers: Sequence[str]) -> AnswerScores
     >>> score_answer("Paris", ["Paris", "City of Light"])
     AnswerScores(em=1.0, sub_em=1.0, f1=1.0)
     """
-    return AnswerScores(
-        em=exact_match(prediction, golden_answers),
-        sub_em=sub_exact_match(prediction, golden_answers),
-        f1=token_f1(prediction, golden_answers),
-    )
+    pred = normalize_answer(prediction)
+    golds = [normalize_answer(g) for g in golden_answers]
+    return AnswerScores(em=_exact(pred, golds), sub_em=_sub_exact(pred, golds), f1=_f1(pred, golds))
 
 
 def format_reward(*, answered: bool, correct: bool, valid_format: bool) -> float:
