@@ -5,6 +5,13 @@ dataclasses (plus a `np.random.Generator` when they sample) and return values wi
 diagnostics. See docs/trace_alloc.md.
 """
 
+from trace_alloc.advantages import (
+    ADVANTAGE_MODES,
+    AdvantageMode,
+    LeafAdvantage,
+    TokenAdvantages,
+    tree_advantages,
+)
 from trace_alloc.allocators import (
     ALLOCATORS,
     AllocatorName,
@@ -26,6 +33,7 @@ from trace_alloc.base import (
     RolloutRequest,
 )
 from trace_alloc.budget import BudgetLimit, Currency, Spend
+from trace_alloc.calibration import CalibrationReport, calibration_report
 from trace_alloc.driver import StepResult, WaveRecord, run_step
 from trace_alloc.errors import (
     AllocError,
@@ -34,6 +42,7 @@ from trace_alloc.errors import (
     TreeFormatError,
     UnknownNameError,
 )
+from trace_alloc.predictor import HashedNgramFeaturizer, MLPPredictor
 from trace_alloc.solvers import (
     RootSolution,
     prefix_gain,
@@ -58,8 +67,10 @@ from trace_alloc.tree import (
 )
 
 __all__ = [
+    "ADVANTAGE_MODES",
     "ALLOCATORS",
     "SCHEMA_VERSION",
+    "AdvantageMode",
     "AllocError",
     "AllocPlan",
     "AllocView",
@@ -67,6 +78,7 @@ __all__ = [
     "AllocatorName",
     "BudgetExceededError",
     "BudgetLimit",
+    "CalibrationReport",
     "Currency",
     "DynamicSampling",
     "EntropyTree",
@@ -74,6 +86,9 @@ __all__ = [
     "Executor",
     "Featurizer",
     "ForestStats",
+    "HashedNgramFeaturizer",
+    "LeafAdvantage",
+    "MLPPredictor",
     "Node",
     "Predictor",
     "Prompt",
@@ -86,12 +101,14 @@ __all__ = [
     "Segment",
     "Spend",
     "StepResult",
+    "TokenAdvantages",
     "Trace",
     "TreeFormatError",
     "Turn",
     "Uniform",
     "UnknownNameError",
     "WaveRecord",
+    "calibration_report",
     "forest_stats",
     "make_allocator",
     "prefix_gain",
@@ -101,6 +118,7 @@ __all__ = [
     "solve_roots",
     "split_budget",
     "training_examples",
+    "tree_advantages",
     "v_prefix",
     "v_root",
 ]

@@ -95,31 +95,33 @@ def test_forest_stats_and_training_examples():
 
 
 @st.composite
-def trees(draw):
+def trees(draw, rich: bool = True):
+    """Random trees; `rich=False` skips the text fields (faster, for structure-only tests)."""
+    text = st.text(max_size=10) if rich else st.just("")
     tree = RolloutTree.from_prompt(
-        Prompt(prompt_id=draw(st.text(max_size=5)), text=draw(st.text(max_size=20)))
+        Prompt(
+            prompt_id=draw(text),
+            text=draw(text),
+            token_ids=tuple(draw(st.lists(st.integers(0, 9), max_size=3))),
+        )
     )
     for _ in range(draw(st.integers(0, 6))):
         anchors = [n.node_id for n in tree.nodes if not n.is_leaf]
         node = draw(st.sampled_from(anchors))
-        n_turns = draw(st.integers(1, 3))
         turns = tuple(
             Turn(
-                action_text=draw(st.text(max_size=10)),
+                action_text=draw(text),
                 action_token_ids=tuple(draw(st.lists(st.integers(0, 50_000), max_size=4))),
-                observation_text=draw(st.text(max_size=10)),
+                observation_text=draw(text),
                 observation_token_ids=tuple(draw(st.lists(st.integers(0, 9), max_size=3))),
-                snapshot_id=draw(st.one_of(st.none(), st.text(max_size=6))),
+                snapshot_id=draw(st.one_of(st.none(), text)),
                 n_tool_calls=draw(st.integers(0, 2)),
-                info={"k": draw(st.integers())},
+                info={"k": draw(st.integers())} if rich else {},
             )
-            for _ in range(n_turns)
+            for _ in range(draw(st.integers(1, 3)))
         )
-        tree.add_rollout(
-            node,
-            Rollout(turns=turns, reward=draw(st.sampled_from([0.0, 1.0, 0.5]))),
-            wave=draw(st.integers(0, 3)),
-        )
+        reward = draw(st.sampled_from([0.0, 1.0, 0.5]))
+        tree.add_rollout(node, Rollout(turns=turns, reward=reward), wave=draw(st.integers(0, 3)))
     return tree
 
 

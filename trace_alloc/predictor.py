@@ -1,0 +1,335 @@
+"""The default success predictor Ṽψ: hashed n-grams into a small numpy MLP, trained online.
+
+Design (measured in `benchmarks/predictor_design.py`; docs/decisions.md, D1):
+
+- `HashedNgramFeaturizer` reads the *head* of a history (its first words: the question) and its
+  *tail* (its last words: the latest turns) as word unigrams and bigrams, signed-hashed into a
+  fixed number of dimensions (zlib.crc32, so features are the same in every process).
+- `MLPPredictor` maps them through one ReLU layer to a sigmoid and is trained after each step
+  with Adam on the squared error against V̂ (the paper's MSE), on the step's roots and prefixes.
+- Cold start: the output layer starts at zero, so every prediction is `prior` until trained.
+- Exploration floor: each prediction is shrunk towards `prior` by the share of its feature mass
+  that training has rarely seen (*coverage*), so a history unlike anything trained on is treated
+  as uncertain (p → 0.5), not confidently easy or hard; old evidence decays each update.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+import numpy as np
+import scipy.sparse as sp
+
+from trace_alloc.base import Featurizer
+from trace_alloc.errors import AllocError
+
+__all__ = ["HashedNgramFeaturizer", "MLPPredictor"]
+
+_WORD = re.compile(r"\w+")
+
+
+class HashedNgramFeaturizer:
+    """Signed hashed word n-grams of a history's head (question) and tail (latest turns).
+
+    >>> f = HashedNgramFeaturizer(dim=64)
+    >>> x = f.featurize(["Who wrote it?", "Who wrote it? <search>x</search>"])
+    >>> x.shape, x.dtype.name, bool(np.allclose(np.linalg.norm(x, axis=1), 1.0))
+    ((2, 64), 'float32', True)
+    """
+
+    def __init__(
+        self, dim: int = 4096, *, head_words: int = 48, tail_words: int = 96, ngrams: int = 2
+    ) -> None:
+        """Configure the featurizer.
+
+        Args:
+            dim: number of hashed features.
+            head_words: leading words read as the question.
+            tail_words: trailing words read as the latest turns.
+            ngrams: longest word n-gram.
+        """
+        if dim < 8 or head_words < 1 or tail_words < 0 or ngrams < 1:
+            raise ValueError(
+                f"HashedNgramFeaturizer(dim={dim}, head_words={head_words}, "
+                f"tail_words={tail_words}, ngrams={ngrams}): dim >= 8, head_words >= 1, "
+                "tail_words >= 0, ngrams >= 1"
+            )
+        self._dim = dim
+        self.head_words = head_words
+        self.tail_words = tail_words
+        self.ngrams = ngrams
+
+    @property
+    def dim(self) -> int:
+        """Length of each feature vector."""
+        return self._dim
+
+    def featurize(self, histories: Sequence[str]) -> np.ndarray:
+        """L2-normalised features, shape `(len(histories), dim)`, float32."""
+        out = np.zeros((len(histories), self._dim), dtype=np.float32)
+        for row, text in enumerate(histories):
+            words = _WORD.findall(text.lower())
+            self._add(out[row], "h", words[: self.head_words])
+            if self.tail_words and len(words) > self.head_words:
+                self._add(out[row], "t", words[-self.tail_words :])
+            # coarse length: how far into the episode the history is
+            self._add(out[row], "n", [f"len{int(math.log2(1 + len(words)))}"])
+            norm = float(np.linalg.norm(out[row]))
+            if norm > 0:
+                out[row] /= norm
+        return out
+
+    def _add(self, row: np.ndarray, namespace: str, words: list[str]) -> None:
+        counts: dict[str, int] = {}
+        for n in range(1, self.ngrams + 1):
+            for i in range(len(words) - n + 1):
+                key = f"{namespace}:{' '.join(words[i : i + n])}"
+                counts[key] = counts.get(key, 0) + 1
+        for key, count in counts.items():
+            h = zlib.crc32(key.encode())
+            sign = 1.0 if h & 1 else -1.0  # signed hashing: collisions cancel on average
+            row[(h >> 1) % self._dim] += sign * math.log1p(count)
+
+
+class MLPPredictor:
+    """Ṽψ: a one-hidden-layer MLP (or logistic regression) over injected features.
+
+    Implements `trace_alloc.base.Predictor`. All state is in numpy arrays (`state_dict`).
+    """
+
+    def __init__(
+        self,
+        featurizer: Featurizer,
+        *,
+        hidden: int = 64,
+        loss: Literal["mse", "bce"] = "mse",
+        lr: float = 3e-3,
+        epochs: int = 4,
+        batch_size: int = 128,
+        weight_decay: float = 1e-4,
+        prior: float = 0.5,
+        coverage_count: float = 2.0,
+        coverage_decay: float = 0.95,
+        seed: int = 0,
+    ) -> None:
+        """Build an untrained predictor.
+
+        Args:
+            featurizer: turns histories into vectors (e.g. `HashedNgramFeaturizer`).
+            hidden: hidden units; 0 gives logistic regression.
+            loss: `mse` against V̂ through the sigmoid (the paper), or `bce` with soft targets.
+            lr: Adam step size.
+            epochs: passes over each update's examples.
+            batch_size: minibatch size.
+            weight_decay: L2 penalty on the weights.
+            prior: prediction before training and for histories far from the training data.
+            coverage_count: feature mass (≈ examples) at which a feature counts as known.
+            coverage_decay: per-update decay of that mass, so stale evidence fades.
+            seed: seeds the predictor's own generator (initialisation and shuffling).
+        """
+        if hidden < 0 or lr <= 0 or epochs < 1 or batch_size < 1 or not 0 < prior < 1:
+            raise ValueError(
+                f"MLPPredictor(hidden={hidden}, lr={lr}, epochs={epochs}, batch_size={batch_size},"
+                f" prior={prior}): need hidden >= 0, lr > 0, epochs >= 1, batch_size >= 1, "
+                "0 < prior < 1"
+            )
+        if loss not in ("mse", "bce"):
+            raise ValueError(f"loss={loss!r}: 'mse' or 'bce'")
+        if coverage_count <= 0 or not 0 < coverage_decay <= 1:
+            raise ValueError(
+                f"coverage_count={coverage_count} > 0, 0 < coverage_decay={coverage_decay} <= 1"
+            )
+        self.featurizer = featurizer
+        self.hidden = hidden
+        self.loss = loss
+        self.lr = lr
+        self.epochs = epochs
+        self.batch_size = batch_size
+        self.weight_decay = weight_decay
+        self.prior = prior
+        self.coverage_count = coverage_count
+        self.coverage_decay = coverage_decay
+        self._rng = np.random.default_rng(seed)
+        d = featurizer.dim
+        params: dict[str, np.ndarray] = {}
+        if hidden:
+            # ‖x‖ = 1, so x W1 has the variance of one weight: unit scale keeps ReLUs alive
+            params["w1"] = self._rng.normal(0.0, 1.0, (d, hidden)).astype(np.float32)
+            params["b1"] = np.zeros(hidden, dtype=np.float32)
+        params["w2"] = np.zeros(hidden or d, dtype=np.float32)  # output = prior until trained
+        params["b2"] = np.array([math.log(prior / (1 - prior))], dtype=np.float32)
+        self._params = params
+        self._m = {k: np.zeros_like(v) for k, v in params.items()}
+        self._v = {k: np.zeros_like(v) for k, v in params.items()}
+        self._t = 0
+        self._mass = np.zeros(d, dtype=np.float64)
+        self._n_updates = 0
+
+    # --- Predictor protocol ---
+
+    def predict(self, histories: Sequence[str]) -> np.ndarray:
+        """Success probabilities, shrunk towards `prior` where coverage is low."""
+        if not histories:
+            return np.zeros(0)
+        x = _sparse(self.featurizer.featurize(histories))
+        p = self._forward(x)[0]
+        c = self.coverage(x)
+        return (c * p + (1.0 - c) * self.prior).astype(np.float64)
+
+    def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
+        """Adam on the squared error (or soft cross-entropy) against V̂ for `epochs` passes.
+
+        Returns:
+            `loss_before`, `loss_after` (the training objective on these examples, unshrunk
+            model), `n` and `coverage` (mean, before this update).
+
+        Raises:
+            AllocError: lengths differ or a target is outside [0, 1].
+        """
+        y = np.asarray(targets, dtype=np.float32)
+        if y.shape != (len(histories),) or np.any((y < 0) | (y > 1)) or not np.all(np.isfinite(y)):
+            raise AllocError(
+                f"update needs one target in [0, 1] per history; got {len(histories)} histories "
+                f"and targets of shape {y.shape}"
+            )
+        if not histories:
+            return {"n": 0.0}
+        x = _sparse(self.featurizer.featurize(histories))
+        coverage_before = float(self.coverage(x).mean())
+        before = self._objective(x, y)
+        n = len(histories)
+        for _ in range(self.epochs):
+            order = self._rng.permutation(n)
+            for start in range(0, n, self.batch_size):
+                idx = order[start : start + self.batch_size]
+                self._step(x[idx], y[idx])
+        self._mass = (
+            self._mass * self.coverage_decay + np.asarray(x.multiply(x).sum(axis=0)).ravel()
+        )
+        self._n_updates += 1
+        return {
+            "n": float(n),
+            "loss_before": before,
+            "loss_after": self._objective(x, y),
+            "coverage": coverage_before,
+        }
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Weights, Adam moments, coverage mass and generator state, as plain arrays."""
+        state = {f"param.{k}": v.copy() for k, v in self._params.items()}
+        state |= {f"adam_m.{k}": v.copy() for k, v in self._m.items()}
+        state |= {f"adam_v.{k}": v.copy() for k, v in self._v.items()}
+        state["adam_t"] = np.array([self._t], dtype=np.int64)
+        state["coverage_mass"] = self._mass.copy()
+        state["n_updates"] = np.array([self._n_updates], dtype=np.int64)
+        state["rng"] = _rng_to_array(self._rng)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore `state_dict` output of a predictor built with the same configuration.
+
+        Raises:
+            AllocError: a missing key or a shape that does not match this configuration.
+        """
+        expected = self.state_dict()
+        missing = sorted(set(expected) - set(state))
+        if missing:
+            raise AllocError(f"predictor state lacks {missing}; was it saved by MLPPredictor?")
+        for key, value in expected.items():
+            if np.shape(state[key]) != value.shape:
+                raise AllocError(
+                    f"predictor state {key!r} has shape {np.shape(state[key])}, this predictor "
+                    f"needs {value.shape} (different featurizer dim or hidden size?)"
+                )
+        for k in self._params:
+            self._params[k] = np.asarray(state[f"param.{k}"], dtype=np.float32).copy()
+            self._m[k] = np.asarray(state[f"adam_m.{k}"], dtype=np.float32).copy()
+            self._v[k] = np.asarray(state[f"adam_v.{k}"], dtype=np.float32).copy()
+        self._t = int(state["adam_t"][0])
+        self._mass = np.asarray(state["coverage_mass"], dtype=np.float64).copy()
+        self._n_updates = int(state["n_updates"][0])
+        self._rng = _rng_from_array(np.asarray(state["rng"]))
+
+    # --- internals ---
+
+    def coverage(self, x: sp.csr_array) -> np.ndarray:
+        """How familiar each feature row is, in [0, 1].
+
+        The share of the row's squared feature mass on features seen about `coverage_count`
+        times or more in training (with decay): 0 for a history unlike anything seen.
+        """
+        known = np.minimum(1.0, self._mass / self.coverage_count)  # (d,)
+        sq = x.multiply(x)
+        total = np.asarray(sq.sum(axis=1)).ravel()
+        return np.where(total > 0, (sq @ known) / np.maximum(total, 1e-12), 0.0)
+
+    def _forward(self, x: sp.csr_array) -> tuple[np.ndarray, np.ndarray | None]:
+        params = self._params
+        # (n, hidden), or the features themselves for logistic regression
+        h = np.maximum(x @ params["w1"] + params["b1"], 0.0) if self.hidden else x
+        logit = h @ params["w2"] + params["b2"][0]  # (n,)
+        return 1.0 / (1.0 + np.exp(-np.clip(logit, -30, 30))), (h if self.hidden else None)
+
+    def _objective(self, x: sp.csr_array, y: np.ndarray) -> float:
+        p = self._forward(x)[0]
+        if self.loss == "mse":
+            return float(np.mean((p - y) ** 2))
+        p = np.clip(p, 1e-7, 1 - 1e-7)
+        return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+
+    def _step(self, x: sp.csr_array, y: np.ndarray) -> None:
+        params = self._params
+        p, h = self._forward(x)
+        n = x.shape[0]
+        # d loss / d logit: MSE through the sigmoid, or soft cross-entropy
+        g = 2.0 * (p - y) * p * (1.0 - p) if self.loss == "mse" else p - y  # (n,)
+        g = (g / n).astype(np.float32)
+        grads: dict[str, np.ndarray] = {"b2": np.array([g.sum()], dtype=np.float32)}
+        if h is None:
+            grads["w2"] = x.T @ g
+        else:
+            grads["w2"] = h.T @ g
+            gh = np.outer(g, params["w2"]) * (h > 0)  # (n, hidden)
+            grads["w1"] = x.T @ gh
+            grads["b1"] = gh.sum(axis=0)
+        self._t += 1
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        for k, grad in grads.items():
+            if k in ("w1", "w2"):
+                grad = grad + self.weight_decay * params[k]
+            self._m[k] = b1 * self._m[k] + (1 - b1) * grad
+            self._v[k] = b2 * self._v[k] + (1 - b2) * grad * grad
+            m_hat = self._m[k] / (1 - b1**self._t)
+            v_hat = self._v[k] / (1 - b2**self._t)
+            params[k] = params[k] - self.lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+def _sparse(x: np.ndarray) -> sp.csr_array:
+    """Hashed n-gram rows are ~1% non-zero: sparse products are ~50x cheaper (scipy's reason)."""
+    return sp.csr_array(np.asarray(x, dtype=np.float32))
+
+
+def _rng_to_array(rng: np.random.Generator) -> np.ndarray:
+    """PCG64 state as four uint64 words (state hi/lo, increment hi/lo)."""
+    s = rng.bit_generator.state
+    if s["bit_generator"] != "PCG64":
+        raise AllocError(f"cannot save a {s['bit_generator']} generator")
+    mask = (1 << 64) - 1
+    st, inc = s["state"]["state"], s["state"]["inc"]
+    return np.array([st >> 64, st & mask, inc >> 64, inc & mask], dtype=np.uint64)
+
+
+def _rng_from_array(words: np.ndarray) -> np.random.Generator:
+    w = [int(v) for v in words]
+    rng = np.random.Generator(np.random.PCG64())
+    rng.bit_generator.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
+        "has_uint32": 0,
+        "uinteger": 0,
+    }
+    return rng
