@@ -215,3 +215,44 @@ def toy_server(tmp_path_factory, toy_index_dir):
     server.start()
     yield server
     server.stop()
+
+
+def synthetic_docs(n: int, seed: int = 0) -> list[Document]:
+    """`n` seeded pseudo-word passages: a shared vocabulary, so queries match many documents."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    syllables = ["ka", "lo", "mi", "ren", "tu", "sa", "vor", "el", "dan", "qui", "bra", "ost"]
+    vocab = sorted({"".join(rng.choice(syllables, size=3)) for _ in range(600)})
+    docs = []
+    for i in range(n):
+        words = rng.choice(vocab, size=int(rng.integers(12, 40)))
+        docs.append(Document(doc_id=f"s{i}", title=" ".join(words[:2]), text=" ".join(words)))
+    return docs
+
+
+def synthetic_queries(n: int, seed: int = 1) -> list[str]:
+    """Queries made of words from `synthetic_docs(…, seed=0)`'s vocabulary."""
+    import numpy as np
+
+    docs = synthetic_docs(200)
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        words = docs[int(rng.integers(len(docs)))].text.split()
+        out.append(" ".join(rng.choice(words, size=int(rng.integers(1, 5)))))
+    return out
+
+
+@pytest.fixture(scope="session")
+def synthetic_index(tmp_path_factory):
+    """A BM25 index over 3,000 synthetic passages, saved; returns (retriever, directory)."""
+    retriever = BM25Retriever.build(synthetic_docs(3000))
+    path = tmp_path_factory.mktemp("synthetic-index") / "bm25"
+    retriever.save(path)
+    return retriever, path
+
+
+@pytest.fixture(scope="session")
+def query_maker():
+    return synthetic_queries

@@ -1,0 +1,170 @@
+"""Retrieval serving: micro-batched against one-query-per-call, under 64 concurrent clients.
+
+One dense index (MiniLM + faiss flat, where batching matters most: a forward pass over 64
+queries costs far less than 64 passes over one) is served twice by `tracerl serve-retriever`
+in a subprocess: with the default micro-batching, and with `--batching.max-batch-queries 1`,
+which makes one encoder call and one search call per request, as a synchronous server does.
+`--concurrency` asyncio clients, sharing one HTTPRetriever connection pool in this process,
+send one-query requests until `--n-requests` are done. Reported: throughput (requests per
+second over the timed run), and p50/p99 latency per request, for both modes.
+
+Run: `python -m benchmarks.retrieval_server --json` (`--quick` for a smoke test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tyro
+
+from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus, run_meta
+from retrieval import DenseRetriever, HTTPRetriever, SentenceEncoder
+
+
+@dataclass
+class Args:
+    """Server batching benchmark options."""
+
+    n_docs: int = 2_000
+    """documents in the dense index (encoding time is the bulk of the set-up)"""
+    n_requests: int = 3_000
+    """timed requests per mode, one query each"""
+    concurrency: int = 64
+    """concurrent clients"""
+    data_dir: Path = DEFAULT_DATA
+    """the shared real dataset samples (synthetic only if absent)"""
+    quick: bool = False
+    """a smoke test: 200 documents, 300 requests"""
+    json: bool = False
+    """print one JSON object as the last line of stdout"""
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.n_docs, self.n_requests = 200, 300
+
+
+def start_server(index_dir: Path, *extra: str, timeout_s: float = 300.0) -> tuple[Any, str]:
+    """`tracerl serve-retriever` on a free port; returns (process, base URL) once it is ready."""
+    cmd = [sys.executable, "-m", "harness.cli", "-q", "serve-retriever", "--index", str(index_dir)]
+    proc = subprocess.Popen([*cmd, "--port", "0", *extra], stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    while True:
+        line = lines.get(timeout=timeout_s)
+        if not line:
+            raise RuntimeError(f"the server exited with code {proc.wait()}")
+        found = re.search(r"ready at (http://\S+)", line)
+        if found:
+            return proc, found.group(1)
+
+
+async def _load(url: str, queries: list[str], n_requests: int, concurrency: int) -> dict[str, Any]:
+    remote = HTTPRetriever(url, max_attempts=1, max_connections=concurrency, index_id="bench")
+    latencies: list[float] = []
+    n_sent = 0
+
+    async def client(warm_up: bool) -> None:
+        nonlocal n_sent
+        while True:
+            if warm_up:
+                if n_sent >= concurrency:
+                    return
+            elif n_sent >= n_requests:
+                return
+            query = queries[n_sent % len(queries)]
+            n_sent += 1
+            start = time.perf_counter()
+            await remote.asearch([query], k=3)
+            if not warm_up:
+                latencies.append(time.perf_counter() - start)
+
+    try:
+        await asyncio.gather(*(client(True) for _ in range(concurrency)))
+        n_sent = 0
+        start = time.perf_counter()
+        await asyncio.gather(*(client(False) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    finally:
+        await remote.aclose()
+    ms = np.array(latencies) * 1000
+    return {
+        "throughput_rps": len(latencies) / elapsed,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "n_requests": len(latencies),
+    }
+
+
+def _serve_and_load(index_dir: Path, extra: list[str], args: Args, queries: list[str]) -> Any:
+    proc, url = start_server(index_dir, *extra)
+    try:
+        result = asyncio.run(_load(url, queries, args.n_requests, args.concurrency))
+        result["server_stats"] = HTTPRetriever(url).health()["stats"]
+        return result
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main(args: Args) -> dict[str, Any]:
+    """Build a dense index, then load-test it served with and without micro-batching."""
+    documents, queries, counts = bench_corpus(args.n_docs, args.data_dir)
+    print(f"corpus: {len(documents):,} documents {counts}", file=sys.stderr)
+    with tempfile.TemporaryDirectory() as tmp:
+        index_dir = Path(tmp) / "dense"
+        DenseRetriever.build(documents, SentenceEncoder(), progress=True).save(index_dir)
+        batched = _serve_and_load(index_dir, [], args, queries)
+        print(f"batched: {batched}", file=sys.stderr)
+        unbatched = _serve_and_load(index_dir, ["--batching.max-batch-queries", "1"], args, queries)
+        print(f"unbatched: {unbatched}", file=sys.stderr)
+    return {
+        "batched_over_unbatched_throughput": batched["throughput_rps"]
+        / unbatched["throughput_rps"],
+        "p50_ms": batched["p50_ms"],
+        "p99_ms": batched["p99_ms"],
+        "batched": batched,
+        "unbatched": unbatched,
+        "n_documents": len(documents),
+        "args": {k: str(v) for k, v in asdict(args).items()},
+        "meta": run_meta(),
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """The figures, human-readable, on stderr."""
+    print(f"{'mode':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'batches':>8}", file=sys.stderr)
+    for mode in ("batched", "unbatched"):
+        r = result[mode]
+        print(
+            f"{mode:<10} {r['throughput_rps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
+            f"{r['server_stats']['n_batches']:>8}",
+            file=sys.stderr,
+        )
+    print(f"throughput ratio: {result['batched_over_unbatched_throughput']:.2f}x", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    result = main(args)
+    print_table(result)
+    if args.json:
+        print(json.dumps(result, sort_keys=True), flush=True)
