@@ -22,23 +22,18 @@ Run: `python -m benchmarks.env_fork --json` (`--quick` for a smoke test).
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import tyro
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.retrieval_bm25 import run_meta  # one definition of a run's metadata
 from envs import EnvSnapshot, SearchQAEnv, World
 from retrieval.bm25 import BM25Retriever
 
@@ -63,34 +58,6 @@ class Args:
     def __post_init__(self) -> None:
         if self.quick:
             self.repeats, self.batch = 3, 20
-
-
-def run_meta() -> dict[str, Any]:
-    """Date, commit, CPU, Python and argv of this run."""
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=Path(__file__).parent,
-    ).stdout.strip()
-    cpu = platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        models = [
-            ln.split(":", 1)[1].strip()
-            for ln in cpuinfo.read_text().splitlines()
-            if ln.startswith("model name")
-        ]
-        cpu = models[0] if models else cpu
-    return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": commit,
-        "cpu": cpu,
-        "n_cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "argv": sys.argv,
-    }
 
 
 def _time_us(op: Callable[[], object], batch: int) -> float:
@@ -196,7 +163,7 @@ def main(args: Args) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     """The per-depth timings and the headline ratios, on stderr."""
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=max(Console(stderr=True).width, 150))
     table = Table(title="copy the env at depth d, then step (µs, median)")
     columns = [
         ("depth", "depth", "{}"),
