@@ -108,7 +108,7 @@ def unpad_input(
         kept tokens in the flattened `(B * T)` batch and `cu_seqlens` is `(B + 1,)` int32.
     """
     import torch
-    import torch.nn.functional as F  # noqa: N812
+    import torch.nn.functional as F
     from einops import rearrange
 
     all_masks = attention_mask + unused_mask if unused_mask is not None else attention_mask
