@@ -1,0 +1,52 @@
+"""Smoke tests of the retrieval benchmark scripts: `--quick --json`, last stdout line parsed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(module: str, *extra: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--quick", "--json", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_bm25_benchmark(tmp_path):
+    # synthetic worlds only (no --data-dir there), so the test does not need the shared data
+    result = _run("benchmarks.retrieval_bm25", "--data-dir", str(tmp_path / "none"))
+    assert result["n_documents"] == 3_000
+    assert result["corpus"]["synthetic_documents"] == 3_000
+    assert result["bm25s_over_rank_bm25_qps"] > 0
+    assert 0.0 <= result["top10_agreement"] <= 1.0
+    assert result["meta"]["commit"] is not None
+
+
+@pytest.mark.slow
+def test_server_benchmark(tmp_path):
+    result = _run("benchmarks.retrieval_server", "--data-dir", str(tmp_path / "none"))
+    assert result["batched_over_unbatched_throughput"] > 0
+    assert 0 < result["p50_ms"] <= result["p99_ms"]
+    assert result["unbatched"]["server_stats"]["largest_batch"] == 1
+    assert result["batched"]["n_requests"] == result["unbatched"]["n_requests"]
+
+
+@pytest.mark.slow
+def test_dense_benchmark(tmp_path):
+    result = _run("benchmarks.retrieval_dense", "--data-dir", str(tmp_path / "none"))
+    assert result["search"]["flat"]["recall_at_10_vs_flat"] == 1.0
+    assert 0.0 <= result["hnsw_recall_at_10"] <= 1.0
+    assert result["encode_passages_per_s"] > 0
