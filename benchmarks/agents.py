@@ -287,7 +287,7 @@ class PolicyAgent:
         }
 
     def start(self, prompt: str, info: Mapping[str, Any]) -> _TokenState:
-        """Tokenise the prompt (through the chat template when asked)."""
+        """Tokenise the prompt: through the chat template when asked, else BOS + the text."""
         if self.chat_template:
             ids = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
@@ -295,7 +295,11 @@ class PolicyAgent:
             if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
                 ids = ids["input_ids"]
             return _TokenState(ids=[int(t) for t in ids])
-        return _TokenState(ids=list(self.tokenizer.encode(prompt, add_special_tokens=True)))
+        ids = [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=True)]
+        bos = getattr(self.tokenizer, "bos_token_id", None)
+        if bos is not None and ids[:1] != [bos]:  # tokenizers without a BOS post-processor
+            ids.insert(0, int(bos))
+        return _TokenState(ids=ids)
 
     def act(
         self,

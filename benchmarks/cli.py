@@ -42,7 +42,7 @@ from benchmarks.qa_datasets import (
     load_named,
 )
 from benchmarks.report import write_reports
-from envs import NaiveAgent, OracleAgent, SearchQAEnv, World
+from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.rewards import RewardKind
 from envs.tasks import TaskSet
@@ -246,6 +246,8 @@ class AgentArgs:
     """transformers: torch device."""
     epsilon: float = 0.0
     """oracle on the synthetic world: noise rate (wrong queries and answers)."""
+    prompt_template: str | None = None
+    """The prompt, with a literal `{question}` (default: Search-R1's instruction prompt)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -409,7 +411,11 @@ def make_agent(kind: AgentKind, args: AgentArgs, data: LoadedData, *, seed: int 
 
 
 def _meta(
-    config: BenchConfig, argv: list[str], data: LoadedData, retriever: dict[str, Any]
+    config: BenchConfig,
+    argv: list[str],
+    data: LoadedData,
+    retriever: dict[str, Any],
+    env: SearchQAConfig,
 ) -> dict[str, Any]:
     config_json = {
         k: (str(v) if isinstance(v, Path) else list(map(str, v)) if isinstance(v, tuple) else v)
@@ -425,9 +431,11 @@ def _meta(
         "dataset": data.dataset.to_json(),
         "retriever": retriever,
         "env": {
-            "max_turns": config.max_turns,
-            "top_k": config.topk,
-            "reward": config.reward,
+            "max_turns": env.max_turns,
+            "top_k": env.top_k,
+            "reward": env.reward,
+            "max_doc_chars": env.max_doc_chars,
+            "prompt_sha256": env.prompt_sha256,
         },
         "seed": config.seed,
         "config": config_json,
@@ -475,7 +483,15 @@ def bench(argv: list[str]) -> int:
         data = load_data(config)
         retriever, retriever_meta = _retriever(config, data)
         tasks = _recall_tasks(data.dataset.tasks, retriever)
-        meta = _meta(config, argv, data, retriever_meta)
+        env_kwargs: dict[str, Any] = {
+            "max_turns": config.max_turns,
+            "top_k": config.topk,
+            "reward": config.reward,
+        }
+        if config.prompt_template is not None:
+            env_kwargs["prompt_template"] = config.prompt_template
+        env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
+        meta = _meta(config, argv, data, retriever_meta, env_config)
         agents = [
             make_agent(kind, config, data, seed=config.seed) for kind in dict.fromkeys(config.agent)
         ]
@@ -484,9 +500,7 @@ def bench(argv: list[str]) -> int:
         return 2
 
     def env_factory() -> SearchQAEnv:
-        return SearchQAEnv(
-            tasks, retriever, max_turns=config.max_turns, top_k=config.topk, reward=config.reward
-        )
+        return SearchQAEnv(tasks, retriever, **env_kwargs)
 
     reports = []
     try:
