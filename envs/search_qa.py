@@ -340,9 +340,6 @@ class SearchQAEnv(gym.Env[str, str]):
             UnknownTaskError: `task_id` is not in the task set.
             EnvConfigError: an unknown option, or a prompt longer than the text space.
         """
-        super().reset(seed=seed)
-        if seed is not None:
-            self._rng_pending = None
         options = options or {}
         unknown = set(options) - {"task_id"}
         if unknown:
@@ -350,13 +347,16 @@ class SearchQAEnv(gym.Env[str, str]):
                 f"unknown reset options {sorted(unknown)}; the only one is 'task_id'"
             )
         tasks = self._shared.tasks
-        if "task_id" in options:
-            task_id = options["task_id"]
-            if not isinstance(task_id, str) or task_id not in tasks:
-                raise UnknownTaskError(
-                    f"task_id {task_id!r} is not in this env's task set of {len(tasks)} tasks "
-                    f"(first ids: {list(tasks.ids[:3])})"
-                )
+        task_id = options.get("task_id")
+        if "task_id" in options and (not isinstance(task_id, str) or task_id not in tasks):
+            raise UnknownTaskError(
+                f"task_id {task_id!r} is not in this env's task set of {len(tasks)} tasks "
+                f"(first ids: {list(tasks.ids[:3])})"
+            )
+        super().reset(seed=seed)  # only once the options are known to be good
+        if seed is not None:
+            self._rng_pending = None
+        if isinstance(task_id, str):
             task = tasks[task_id]
         else:
             task = tasks[int(self.np_random.integers(len(tasks)))]

@@ -94,9 +94,12 @@ def test_step_needs_a_running_episode(fake_env):
         fake_env.reset(options={"task_id": "q2"}) and fake_env.step(42)  # type: ignore[arg-type]
 
 
-def test_bad_reset_options_raise_typed_errors(fake_env):
+def test_bad_reset_options_raise_typed_errors_and_change_nothing(fake_env):
+    fake_env.reset(seed=1, options={"task_id": "q2"})
+    before = fake_env.snapshot()
     with pytest.raises(UnknownTaskError, match="'nope' is not in this env's task set"):
-        fake_env.reset(options={"task_id": "nope"})
+        fake_env.reset(seed=2, options={"task_id": "nope"})
+    assert fake_env.snapshot() == before  # neither the episode nor the RNG moved
     with pytest.raises(EnvConfigError, match="unknown reset options"):
         fake_env.reset(options={"task": "q1"})
 
