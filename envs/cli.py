@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from envs.agents import EpisodeResult, NaiveAgent, OracleAgent, run_agent
+from envs.errors import EnvConfigError
 from envs.search_qa import SearchQAEnv
 from envs.synthetic.config import WorldConfig
 from envs.synthetic.world import World
@@ -40,6 +41,10 @@ class DemoEnvArgs:
     """Actions per episode."""
     max_questions: int | None = None
     """Play only the first N questions (all when unset)."""
+
+    def __post_init__(self) -> None:
+        if self.max_questions is not None and self.max_questions < 1:
+            raise EnvConfigError(f"--max-questions {self.max_questions}: must be >= 1")
 
 
 def _summary_rows(

@@ -20,7 +20,7 @@ class WorldConfig:
     n_countries: int = 8
     """Countries; each gets a capital among the cities."""
     n_cities: int = 32
-    """Cities (at least one per country)."""
+    """Cities (at least two per country, so that not every city is a capital)."""
     n_people: int = 160
     """People, in three-generation families (parents, spouses, children)."""
     n_films: int = 40
