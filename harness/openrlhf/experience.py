@@ -1,0 +1,243 @@
+"""Leaves of rollout trees as OpenRLHF `Experience`s, with their tree advantages already inside.
+
+Each leaf is trained as its own root-to-leaf token sequence (DESIGN §1). The layout is the one
+OpenRLHF's `SamplesGenerator._process_response_into_experience` gives a multi-turn response
+(0.11.2, samples_generator.py), so every downstream piece (micro-batching, the actor's log-prob
+forward, the replay buffer, `PolicyLoss`) reads it unchanged:
+
+- `sequences` and `attention_mask` are `(1, T)`: the prompt, then each turn's action and
+  observation tokens, cut to `max_len`;
+- `action_mask`, `rollout_log_probs` and `advantages` are `(1, T - 1)`: position j describes
+  token j + 1, the token predicted from the first j + 1 (OpenRLHF's shift by one); observation
+  and prompt tokens have mask 0 and advantage 0;
+- `rewards` and `scores` are the leaf's terminal reward, `(1,)`.
+
+`advantages` is a "step" field of `Experience`, so `concat_experiences`, `split_experience_batch`
+and the replay buffer carry it to `PolicyLoss` untouched; `TreeExperienceMaker` only has to not
+overwrite it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from trace_alloc import LeafAdvantage, RolloutTree, TokenAdvantages
+
+if TYPE_CHECKING:
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+__all__ = [
+    "INFO_KEYS",
+    "experience_from_tokens",
+    "experiences_from_leaves",
+    "leaf_truncated",
+    "pad_to_multiple",
+    "token_advantages_of_episode",
+]
+
+INFO_KEYS: tuple[str, ...] = ("response_clip_ratio", "reward", "score", "tree/n_turns", "filler")
+"""Per-sample `Experience.info` keys; every experience carries all of them, because
+`Experience.concat_experiences` merges `info` key by key and a missing key would misalign a batch.
+OpenRLHF's actor averages them into its step logs."""
+
+
+def experience_from_tokens(
+    tokens: TokenAdvantages,
+    *,
+    reward: float,
+    max_len: int,
+    prompt: str,
+    label: str,
+    truncated: bool = False,
+    has_logprobs: bool = True,
+    n_turns: int = 0,
+) -> Experience:
+    """One token sequence (a leaf, or an evaluation episode) as a one-row `Experience`.
+
+    Args:
+        tokens: The sequence, its action mask, per-token advantages and sampling log-probs, all
+            of shape `(T,)` (what `LeafAdvantage.to_tokens` returns).
+        reward: The terminal reward (becomes `rewards`, `scores` and `info["reward"]`).
+        max_len: Keep only the first `max_len` tokens (OpenRLHF's `--data.max_len`).
+        prompt: OpenRLHF's prompt string for this question (evaluation groups by it).
+        label: The dataset label (the task's JSON).
+        truncated: Whether the last action hit the per-turn token cap.
+        has_logprobs: False when the engine recorded no sampling log-probs; then
+            `rollout_log_probs` is None rather than zeros that would look like certainty.
+        n_turns: Turns on the path (logged as `tree/n_turns`).
+
+    Returns:
+        An `Experience` laid out as the module docstring says.
+
+    Raises:
+        ValueError: `max_len` < 2, or arrays of different lengths.
+    """
+    from openrlhf.trainer.ppo_utils.experience import Experience
+
+    if max_len < 2:
+        raise ValueError(f"max_len={max_len}: a sequence needs at least 2 tokens")
+    n = len(tokens.token_ids)
+    if not (len(tokens.action_mask) == len(tokens.advantages) == len(tokens.logprobs) == n):
+        raise ValueError(
+            f"token arrays disagree in length: ids {n}, mask {len(tokens.action_mask)}, "
+            f"advantages {len(tokens.advantages)}, logprobs {len(tokens.logprobs)}"
+        )
+    sequences = torch.as_tensor(tokens.token_ids[:max_len], dtype=torch.long)  # (T,)
+    attention_mask = torch.ones_like(sequences)  # (T,)
+    # Shift by one: position j of an action-level field describes token j + 1.
+    # long, not bool, as OpenRLHF builds it (its padding and sums expect integers)
+    action_mask = torch.as_tensor(tokens.action_mask[1:max_len], dtype=torch.long)  # (T - 1,)
+    advantages = torch.as_tensor(tokens.advantages[1:max_len], dtype=torch.float32)  # (T - 1,)
+    advantages = advantages * action_mask  # zero off the actions, whatever the input said
+    rollout_log_probs = (
+        torch.as_tensor(tokens.logprobs[1:max_len], dtype=torch.float32) * action_mask
+        if has_logprobs
+        else None
+    )  # (T - 1,)
+    total_length = int(sequences.numel())
+    clipped = n > max_len
+    info = {
+        "response_clip_ratio": torch.tensor([float(clipped)]),
+        "reward": torch.tensor([float(reward)]),
+        "score": torch.tensor([float(reward)]),
+        "tree/n_turns": torch.tensor([float(n_turns)]),
+        "filler": torch.tensor([0.0]),
+    }
+    return Experience(
+        sequences=sequences.unsqueeze(0),  # (1, T)
+        attention_mask=attention_mask.unsqueeze(0),  # (1, T)
+        action_mask=action_mask.unsqueeze(0),  # (1, T - 1)
+        rollout_log_probs=None if rollout_log_probs is None else rollout_log_probs.unsqueeze(0),
+        advantages=advantages.unsqueeze(0),  # (1, T - 1)
+        prompts=[prompt],
+        labels=[label],
+        images=[None],
+        mm_train_inputs=[None],
+        rewards=torch.tensor([float(reward)]),  # (1,)
+        scores=torch.tensor([float(reward)]),  # (1,)
+        # Generated tokens only: OpenRLHF's first-to-last span would count observations too.
+        response_length=torch.tensor([int(action_mask.sum())]),  # (1,)
+        truncated=torch.tensor([bool(truncated)]),  # (1,)
+        total_length=torch.tensor([float(total_length)]),  # (1,)
+        info=info,
+    )
+
+
+def leaf_truncated(tree: RolloutTree, leaf_id: int) -> bool:
+    """Whether the leaf's last action was cut by the per-turn token cap.
+
+    Reads `Turn.info["finish_reason"]`, which the rollout engine records from the backend's
+    `Completion.finish_reason`.
+    """
+    turn = tree.nodes[leaf_id].turn
+    return turn is not None and turn.info.get("finish_reason") == "length"
+
+
+def experiences_from_leaves(
+    trees: Sequence[RolloutTree],
+    leaves: Sequence[LeafAdvantage],
+    *,
+    max_len: int,
+    prompts: Sequence[str],
+    labels: Sequence[str],
+) -> list[Experience]:
+    """Every leaf as an `Experience`, in the order of `leaves`.
+
+    Args:
+        trees: The trees the advantages were computed on (`LeafAdvantage.tree_index` indexes
+            this sequence).
+        leaves: `trace_alloc.tree_advantages(trees, mode)`.
+        max_len: See `experience_from_tokens`.
+        prompts: OpenRLHF's prompt string of each tree.
+        labels: The dataset label of each tree.
+
+    Returns:
+        One `Experience` per leaf.
+
+    Raises:
+        ValueError: `prompts`/`labels` do not match `trees`, or a leaf names a missing tree.
+    """
+    if not (len(prompts) == len(labels) == len(trees)):
+        raise ValueError(f"{len(trees)} trees but {len(prompts)} prompts and {len(labels)} labels")
+    out = []
+    for leaf in leaves:
+        if not 0 <= leaf.tree_index < len(trees):
+            raise ValueError(f"leaf {leaf.leaf_id} names tree {leaf.tree_index} of {len(trees)}")
+        tree = trees[leaf.tree_index]
+        path = tree.path(leaf.leaf_id)[1:]
+        turns = [tree.nodes[nid].turn for nid in path]
+        has_logprobs = all(t is not None and len(t.action_logprobs) == t.n_tokens for t in turns)
+        reward = tree.nodes[leaf.leaf_id].reward
+        assert reward is not None  # a LeafAdvantage always names a leaf
+        out.append(
+            experience_from_tokens(
+                leaf.to_tokens(tree),
+                reward=reward,
+                max_len=max_len,
+                prompt=prompts[leaf.tree_index],
+                label=labels[leaf.tree_index],
+                truncated=leaf_truncated(tree, leaf.leaf_id),
+                has_logprobs=has_logprobs,
+                n_turns=len(path),
+            )
+        )
+    return out
+
+
+def pad_to_multiple(experiences: list[Experience], multiple: int) -> list[Experience]:
+    """Append zero-advantage copies until the count is a multiple of `multiple`.
+
+    OpenRLHF splits a step's samples evenly over its data-parallel ranks and steps the optimizer
+    every `--train.batch_size` samples; a tree step yields a variable number of leaves, so the
+    last window is filled with copies of leading leaves whose advantages (hence policy gradient)
+    are zero and whose `info["filler"]` is 1. They still count in the token-mean
+    normalisation of that step, so pick a leaf budget that is a multiple of the batch size to
+    need none.
+
+    Args:
+        experiences: One-row experiences (not modified).
+        multiple: The unit the count must be a multiple of (>= 1).
+
+    Returns:
+        A new list: the experiences, then the fillers. An empty input stays empty.
+
+    Raises:
+        ValueError: `multiple` < 1.
+    """
+    if multiple < 1:
+        raise ValueError(f"multiple={multiple}: must be >= 1")
+    out = list(experiences)
+    if not out:
+        return out
+    for i in range((-len(out)) % multiple):
+        source = experiences[i % len(experiences)]
+        info: Mapping[str, torch.Tensor] = {
+            **source.info,
+            "filler": torch.tensor([1.0]),
+        }
+        out.append(
+            dataclasses.replace(
+                source,
+                advantages=torch.zeros_like(source.advantages),
+                info=dict(info),
+            )
+        )
+    return out
+
+
+def token_advantages_of_episode(
+    token_ids: Sequence[int], action_mask: Sequence[bool], logprobs: Sequence[float]
+) -> TokenAdvantages:
+    """An evaluation episode's token stream with zero advantages (evaluation trains nothing)."""
+    n = len(token_ids)
+    return TokenAdvantages(
+        token_ids=np.asarray(token_ids, dtype=np.int64),
+        action_mask=np.asarray(action_mask, dtype=bool),
+        advantages=np.zeros(n),
+        logprobs=np.asarray(logprobs, dtype=np.float64),
+    )
