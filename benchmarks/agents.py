@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from benchmarks.qa_datasets import LoadedDataset, SubQuestion
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
+from harness.errors import ContextLengthExceeded, EndpointRejected
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -415,17 +416,30 @@ class HTTPAgent:
         observations: Sequence[str],
         infos: Sequence[Mapping[str, Any]],
     ) -> list[AgentAction]:
-        """Send every running episode's transcript at once; append each reply."""
+        """Send every running episode's transcript at once; append each reply.
+
+        An episode whose prompt the endpoint refuses as too long for the model's context ends
+        there (`finish_reason="context"`); any other refusal is raised.
+
+        Raises:
+            EndpointError: the endpoint did not answer within its retries.
+            EndpointRejected: the endpoint refused a request for another reason.
+        """
         for state, obs in zip(states, observations, strict=True):
             if obs:
                 state.transcript += obs
                 state.messages.append({"role": "user", "content": obs})
         if self.api == "chat":
-            replies = self.client.chat([s.messages for s in states], self.sampling)
+            replies = self.client.chat_each([s.messages for s in states], self.sampling)
         else:
-            replies = self.client.complete([s.transcript for s in states], self.sampling)
+            replies = self.client.complete_each([s.transcript for s in states], self.sampling)
         actions = []
         for state, reply in zip(states, replies, strict=True):
+            if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
+                actions.append(AgentAction(text="", finish_reason="context"))
+                continue
+            if isinstance(reply, EndpointRejected):
+                raise reply
             text = _action_text(reply)
             state.transcript += text
             state.messages.append({"role": "assistant", "content": text})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["EndpointError", "EndpointRejected", "HarnessError"]
+__all__ = ["ContextLengthExceeded", "EndpointError", "EndpointRejected", "HarnessError"]
 
 
 class HarnessError(Exception):
@@ -15,3 +15,7 @@ class EndpointError(HarnessError, ConnectionError):
 
 class EndpointRejected(HarnessError, ValueError):
     """An HTTP model endpoint refused a request (4xx) or sent a reply that is not the API's."""
+
+
+class ContextLengthExceeded(EndpointRejected):
+    """An HTTP model endpoint refused a prompt longer than the model's context."""

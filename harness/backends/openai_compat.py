@@ -9,7 +9,9 @@ It speaks `/v1/completions` (a text prompt, or a token-id prompt, which vLLM acc
 - **Failures:** connection errors, timeouts, 408, 429 and 5xx are retried `max_retries` times
   with exponential backoff (honouring `Retry-After`), then raise `EndpointError` naming the URL
   and the last cause; any other 4xx, or a reply that is not the API's, raises
-  `EndpointRejected` at once (retrying a bad request cannot help).
+  `EndpointRejected` at once (retrying a bad request cannot help), `ContextLengthExceeded`
+  when the prompt outgrew the model's context. `complete_each` / `chat_each` return such a
+  refusal in the request's place instead, so one long episode does not end a whole batch.
 - **Stop strings:** the OpenAI API cuts the stop string off the text. With
   `extensions="vllm"` (the default) the client asks vLLM to keep it
   (`include_stop_str_in_output`), to say which one matched (`stop_reason`) and to return the
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,7 +36,7 @@ from typing import Any, Literal
 import httpx
 
 from harness.backends.base import Completion, SamplingParams
-from harness.errors import EndpointError, EndpointRejected
+from harness.errors import ContextLengthExceeded, EndpointError, EndpointRejected
 
 __all__ = [
     "EndpointConfig",
@@ -51,6 +54,9 @@ Message = Mapping[str, str]
 FinishReason = Literal["stop", "length", "eos"]
 
 _RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# vLLM: "This model's maximum context length is 512 tokens"; OpenAI: the same words, and the
+# code "context_length_exceeded"
+_CONTEXT_ERROR = re.compile(r"maximum context length|context_length_exceeded", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -156,25 +162,62 @@ class OpenAICompatClient:
         """
         return _run_sync(self.achat(conversations, sampling))
 
+    def complete_each(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
+    ) -> list[TextCompletion | EndpointRejected]:
+        """`complete`, but a request the endpoint refuses gives its error in its place.
+
+        An agent uses this so that one prompt that outgrew the model's context
+        (`ContextLengthExceeded`) ends one episode, not the whole batch.
+
+        Raises:
+            EndpointError: a request still failed after the retries.
+        """
+        return _run_sync(self._completions(prompts, sampling, capture=True))
+
+    def chat_each(
+        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
+    ) -> list[TextCompletion | EndpointRejected]:
+        """`chat`, but a request the endpoint refuses gives its error in its place.
+
+        Raises:
+            EndpointError: a request still failed after the retries.
+        """
+        return _run_sync(self._chats(conversations, sampling, capture=True))
+
     async def acomplete(
         self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
     ) -> list[TextCompletion]:
         """Async `complete`."""
-        bodies = [
-            self._completion_body(p if isinstance(p, str) else [int(t) for t in p], sampling, i)
-            for i, p in enumerate(prompts)
-        ]
-        return await self._post_all("/completions", bodies, sampling, _parse_completion_choice)
+        return _all_completions(await self._completions(prompts, sampling, capture=False))
 
     async def achat(
         self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
     ) -> list[TextCompletion]:
         """Async `chat`."""
+        return _all_completions(await self._chats(conversations, sampling, capture=False))
+
+    async def _completions(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams, *, capture: bool
+    ) -> list[TextCompletion | EndpointRejected]:
+        bodies = [
+            self._completion_body(p if isinstance(p, str) else [int(t) for t in p], sampling, i)
+            for i, p in enumerate(prompts)
+        ]
+        return await self._post_all(
+            "/completions", bodies, sampling, _parse_completion_choice, capture=capture
+        )
+
+    async def _chats(
+        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams, *, capture: bool
+    ) -> list[TextCompletion | EndpointRejected]:
         bodies = [
             self._chat_body([dict(m) for m in messages], sampling, i)
             for i, messages in enumerate(conversations)
         ]
-        return await self._post_all("/chat/completions", bodies, sampling, _parse_chat_choice)
+        return await self._post_all(
+            "/chat/completions", bodies, sampling, _parse_chat_choice, capture=capture
+        )
 
     # --- requests --------------------------------------------------------------------------
 
@@ -223,7 +266,9 @@ class OpenAICompatClient:
         bodies: list[dict[str, Any]],
         sampling: SamplingParams,
         parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
-    ) -> list[TextCompletion]:
+        *,
+        capture: bool,
+    ) -> list[TextCompletion | EndpointRejected]:
         if not bodies:
             return []
         url = self.config.api_root + path
@@ -239,10 +284,15 @@ class OpenAICompatClient:
             transport=self._transport,
         ) as http:
 
-            async def one(body: dict[str, Any]) -> TextCompletion:
-                async with gate:
-                    reply = await self._post_with_retries(http, url, body)
-                return _parse_reply(reply, url, sampling, parse)
+            async def one(body: dict[str, Any]) -> TextCompletion | EndpointRejected:
+                try:
+                    async with gate:
+                        reply = await self._post_with_retries(http, url, body)
+                    return _parse_reply(reply, url, sampling, parse)
+                except EndpointRejected as err:
+                    if capture:
+                        return err
+                    raise
 
             return list(await asyncio.gather(*(one(body) for body in bodies)))
 
@@ -271,9 +321,10 @@ class OpenAICompatClient:
                     return reply
                 detail = response.text[:300]
                 if response.status_code not in _RETRY_STATUSES:
-                    raise EndpointRejected(
-                        f"POST {url} was refused with HTTP {response.status_code}: {detail}"
-                    )
+                    refused = f"POST {url} was refused with HTTP {response.status_code}: {detail}"
+                    if _CONTEXT_ERROR.search(response.text):
+                        raise ContextLengthExceeded(refused)
+                    raise EndpointRejected(refused)
                 last = f"HTTP {response.status_code}: {detail}"
                 delay = _retry_after(response, default=delay, cap=self.config.max_backoff_s)
             if attempt + 1 < attempts:
@@ -293,6 +344,11 @@ class OpenAICompatClient:
         )
 
 
+def _all_completions(results: list[TextCompletion | EndpointRejected]) -> list[TextCompletion]:
+    """Narrow a `capture=False` result (which never holds an error) to completions."""
+    return [r for r in results if isinstance(r, TextCompletion)]
+
+
 def _retry_after(response: httpx.Response, *, default: float, cap: float) -> float:
     """The server's `Retry-After` (seconds), capped; `default` if it sends none we can read."""
     value = response.headers.get("retry-after")
@@ -302,7 +358,7 @@ def _retry_after(response: httpx.Response, *, default: float, cap: float) -> flo
         return default
 
 
-def _run_sync(coro: Awaitable[list[TextCompletion]]) -> list[TextCompletion]:
+def _run_sync(coro: Awaitable[list[Any]]) -> list[Any]:
     try:
         asyncio.get_running_loop()
     except RuntimeError:

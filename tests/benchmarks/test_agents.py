@@ -332,6 +332,8 @@ class SearchR1Stub:
         self.max_in_flight = 0
 
     def completion(self, transcript: str) -> tuple[str, str | None]:
+        if "long story" in transcript and "<information>" in transcript:
+            return "", None  # this model's context is full (see `app`)
         if "<information>" not in transcript:
             question = transcript.split("Question: ")[-1].strip().rstrip("?")
             return f"<think>Look it up.</think><search> {question} </search>", "</search>"
@@ -353,6 +355,9 @@ class SearchR1Stub:
                 else:
                     transcript = body["prompt"]
                 text, stop = self.completion(transcript)
+                if stop is None:
+                    error = {"message": "This model's maximum context length is 64 tokens."}
+                    return JSONResponse({"error": error}, status_code=400)
                 choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
                 if self.vllm:
                     choice["stop_reason"] = stop
@@ -408,6 +413,21 @@ def _many_tasks(n: int) -> TaskSet:
             [("Who founded Acme?", "Ann Vole"), ("Who founded Bolt?", "Bo Li")] * (n // 2)
         )
     )
+
+
+def test_http_agent_ends_only_the_episode_that_outgrew_the_context(stub_server) -> None:
+    url, _ = stub_server
+    tasks = TaskSet([*TASKS[:1], QATask(task_id="long", question="Who founded Acme, a long story?",
+                                        golden_answers=("Ann Vole",))])  # fmt: skip
+    retriever = BM25Retriever.build(DOCS)
+    report = evaluate(
+        _http_agent(url),
+        lambda: SearchQAEnv(tasks, retriever, top_k=1, prompt_template=TEMPLATE),
+        tasks,
+    )
+    acme, long = report.episodes
+    assert acme.end == "answer" and acme.em == 1.0
+    assert long.end == "context" and long.n_turns == 1 and long.answer is None
 
 
 def test_http_agent_runs_episodes_concurrently(stub_server) -> None:

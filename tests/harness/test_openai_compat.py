@@ -20,7 +20,7 @@ from harness.backends.openai_compat import (
     OpenAICompatBackend,
     OpenAICompatClient,
 )
-from harness.errors import EndpointError, EndpointRejected
+from harness.errors import ContextLengthExceeded, EndpointError, EndpointRejected
 
 
 @dataclass
@@ -56,6 +56,9 @@ class FakeOpenAI:
                     return JSONResponse({}, status_code=500)
                 if step == "garbage":
                     return JSONResponse({"unexpected": True})
+                if step == "too_long":  # vLLM's wording
+                    message = "This model's maximum context length is 512 tokens. However, ..."
+                    return JSONResponse({"error": {"message": message}}, status_code=400)
                 if isinstance(step, int):
                     headers = {"Retry-After": "0"} if step == 429 else {}
                     return JSONResponse({"error": f"scripted {step}"}, step, headers=headers)
@@ -229,6 +232,20 @@ def test_client_errors_are_not_retried(server, fake) -> None:
     with pytest.raises(EndpointRejected, match="HTTP 400"):
         _client(server.url, max_retries=3).complete(["q"], GREEDY)
     assert len(fake.requests) == 1
+
+
+def test_context_overflow_is_typed_and_complete_each_keeps_the_rest(server, fake) -> None:
+    fake.script = ["too_long"]
+    with pytest.raises(ContextLengthExceeded, match="maximum context length"):
+        _client(server.url).complete(["q"], GREEDY)
+    fake.script = ["too_long", 400]
+    client = _client(server.url, max_concurrency=1)  # one at a time: the script order holds
+    out = client.complete_each(["a", "b", "c"], GREEDY)
+    assert isinstance(out[0], ContextLengthExceeded)
+    assert isinstance(out[1], EndpointRejected) and not isinstance(out[1], ContextLengthExceeded)
+    assert out[2].text == "<search> c </search>"
+    chat = client.chat_each([[{"role": "user", "content": "d"}]], GREEDY)
+    assert chat[0].text == "<search> d </search>"
 
 
 def test_a_reply_that_is_not_a_completion_is_rejected(server, fake) -> None:
