@@ -10,3 +10,31 @@ pytest.importorskip("openrlhf")
 from harness.openrlhf.compat import ensure_flash_attn
 
 ensure_flash_attn()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray with 2 CPUs; fakes from `openrlhf_fakes` travel by value to its workers."""
+    ray = pytest.importorskip("ray")
+    import openrlhf_fakes
+
+    ray.cloudpickle.register_pickle_by_value(openrlhf_fakes)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def fake_engines(ray_local):
+    """Two `FakeEngine` Ray actors shared by the whole session; tests set their policy."""
+    from openrlhf_fakes import FakeEngine
+
+    actor = ray_local.remote(FakeEngine).options(num_cpus=0)
+    engines = [actor.remote(), actor.remote()]
+    # one request each, so the workers pay their vLLM import here, in parallel
+    from harness.backends.base import SamplingParams
+    from harness.backends.openrlhf_ray import RayEnginesBackend
+
+    for engine in engines:
+        RayEnginesBackend([engine]).generate([[1]], SamplingParams(max_new_tokens=4))
+    return engines
