@@ -8,9 +8,10 @@ Design (measured in `benchmarks/predictor_design.py`; docs/decisions.md, D1):
 - `MLPPredictor` maps them through one ReLU layer to a sigmoid and is trained after each step
   with Adam on the squared error against V̂ (the paper's MSE), on the step's roots and prefixes.
 - Cold start: the output layer starts at zero, so every prediction is `prior` until trained.
-- Exploration floor: each prediction is shrunk towards `prior` by the share of its feature mass
-  that training has rarely seen (*coverage*), so a history unlike anything trained on is treated
-  as uncertain (p → 0.5), not confidently easy or hard; old evidence decays each update.
+- Exploration floor: the predictor keeps a small memory of recent training rows; a history
+  whose best cosine similarity to it is below `similar_at` is shrunk towards `prior` in
+  proportion, so one unlike anything recently trained on is treated as uncertain (p → 0.5),
+  not confidently easy or hard.
 """
 
 from __future__ import annotations
@@ -71,28 +72,79 @@ class HashedNgramFeaturizer:
     def featurize(self, histories: Sequence[str]) -> np.ndarray:
         """L2-normalised features, shape `(len(histories), dim)`, float32."""
         out = np.zeros((len(histories), self._dim), dtype=np.float32)
-        for row, text in enumerate(histories):
-            words = _WORD.findall(text.lower())
-            self._add(out[row], "h", words[: self.head_words])
-            if self.tail_words and len(words) > self.head_words:
-                self._add(out[row], "t", words[-self.tail_words :])
-            # coarse length: how far into the episode the history is
-            self._add(out[row], "n", [f"len{int(math.log2(1 + len(words)))}"])
-            norm = float(np.linalg.norm(out[row]))
-            if norm > 0:
-                out[row] /= norm
+        for start in range(0, len(histories), _CHUNK):
+            chunk = histories[start : start + _CHUNK]
+            out[start : start + len(chunk)] = self._featurize_chunk(chunk)
         return out
 
-    def _add(self, row: np.ndarray, namespace: str, words: list[str]) -> None:
-        counts: dict[str, int] = {}
+    def _featurize_chunk(self, histories: Sequence[str]) -> np.ndarray:
+        word_hash: dict[str, int] = {}  # per call: each distinct word is hashed once
+        pieces: list[np.ndarray] = []  # word ids of each (row, namespace) segment
+        seg_row: list[int] = []
+        seg_space: list[int] = []
+        n_words = np.zeros(len(histories), dtype=np.int64)
+        for row, text in enumerate(histories):
+            words = _WORD.findall(text.lower())
+            n_words[row] = len(words)
+            ids = np.fromiter(
+                (
+                    word_hash.get(w) or word_hash.setdefault(w, zlib.crc32(w.encode()) + 1)
+                    for w in words
+                ),
+                dtype=np.uint64,
+                count=len(words),
+            )
+            pieces.append(ids[: self.head_words])
+            seg_row.append(row)
+            seg_space.append(0)
+            if self.tail_words and len(words) > self.head_words:
+                pieces.append(ids[-self.tail_words :])
+                seg_row.append(row)
+                seg_space.append(1)
+        lengths = np.array([p.size for p in pieces], dtype=np.int64)
+        ids = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint64)
+        segment = np.repeat(np.arange(lengths.size), lengths)
+        row_of = np.repeat(np.asarray(seg_row, dtype=np.int64), lengths)
+        salt_of = _SALT[np.repeat(np.asarray(seg_space, dtype=np.int64), lengths)]
+        keys, rows = [], []
         for n in range(1, self.ngrams + 1):
-            for i in range(len(words) - n + 1):
-                key = f"{namespace}:{' '.join(words[i : i + n])}"
-                counts[key] = counts.get(key, 0) + 1
-        for key, count in counts.items():
-            h = zlib.crc32(key.encode())
-            sign = 1.0 if h & 1 else -1.0  # signed hashing: collisions cancel on average
-            row[(h >> 1) % self._dim] += sign * math.log1p(count)
+            m = ids.size - n + 1
+            if m <= 0:
+                break
+            key = ids[:m].copy()
+            for j in range(1, n):
+                key = key * _PRIME + ids[j : j + m]  # wraps mod 2^64 on purpose
+            valid = segment[:m] == segment[n - 1 : n - 1 + m]  # n-grams never span segments
+            keys.append((key ^ salt_of[:m] ^ np.uint64(n))[valid])
+            rows.append(row_of[:m][valid])
+        # coarse length: how far into the episode the history is
+        keys.append(np.log2(1 + n_words).astype(np.uint64) + _SALT[2])
+        rows.append(np.arange(len(histories)))
+        mixed = _mix(np.concatenate(keys))
+        sign = np.where(mixed & np.uint64(1), 1.0, -1.0)  # signed hashing: collisions cancel
+        bucket = ((mixed >> np.uint64(1)) % np.uint64(self._dim)).astype(np.int64)
+        flat, inverse = np.unique(np.concatenate(rows) * self._dim + bucket, return_inverse=True)
+        counts = np.bincount(inverse, weights=sign)  # one entry per non-zero cell
+        values = np.sign(counts) * np.log1p(np.abs(counts))
+        row_norm = np.sqrt(
+            np.bincount(flat // self._dim, weights=values**2, minlength=len(histories))
+        )
+        out = np.zeros((len(histories), self._dim), dtype=np.float32)
+        out.flat[flat] = values / np.maximum(row_norm[flat // self._dim], 1e-12)
+        return out
+
+
+_CHUNK = 512  # rows per vectorised block: bounds the (rows, dim) temporaries
+_PRIME = np.uint64(0x100000001B3)
+_SALT = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9], dtype=np.uint64)
+
+
+def _mix(keys: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser: spreads every key bit over the bucket and sign bits."""
+    z = keys.astype(np.uint64)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
 class MLPPredictor:
@@ -112,8 +164,8 @@ class MLPPredictor:
         batch_size: int = 128,
         weight_decay: float = 1e-4,
         prior: float = 0.5,
-        coverage_count: float = 2.0,
-        coverage_decay: float = 0.95,
+        memory_size: int = 256,
+        similar_at: float = 0.5,
         seed: int = 0,
     ) -> None:
         """Build an untrained predictor.
@@ -127,8 +179,9 @@ class MLPPredictor:
             batch_size: minibatch size.
             weight_decay: L2 penalty on the weights.
             prior: prediction before training and for histories far from the training data.
-            coverage_count: feature mass (≈ examples) at which a feature counts as known.
-            coverage_decay: per-update decay of that mass, so stale evidence fades.
+            memory_size: recent training rows kept to measure how familiar a history is.
+            similar_at: cosine similarity to the memory at which a history counts as familiar
+                (no shrinking); below it the prediction moves towards `prior` linearly.
             seed: seeds the predictor's own generator (initialisation and shuffling).
         """
         if hidden < 0 or lr <= 0 or epochs < 1 or batch_size < 1 or not 0 < prior < 1:
@@ -139,10 +192,8 @@ class MLPPredictor:
             )
         if loss not in ("mse", "bce"):
             raise ValueError(f"loss={loss!r}: 'mse' or 'bce'")
-        if coverage_count <= 0 or not 0 < coverage_decay <= 1:
-            raise ValueError(
-                f"coverage_count={coverage_count} > 0, 0 < coverage_decay={coverage_decay} <= 1"
-            )
+        if memory_size < 1 or not 0 < similar_at <= 1:
+            raise ValueError(f"memory_size={memory_size} >= 1, 0 < similar_at={similar_at} <= 1")
         self.featurizer = featurizer
         self.hidden = hidden
         self.loss = loss
@@ -151,8 +202,7 @@ class MLPPredictor:
         self.batch_size = batch_size
         self.weight_decay = weight_decay
         self.prior = prior
-        self.coverage_count = coverage_count
-        self.coverage_decay = coverage_decay
+        self.similar_at = similar_at
         self._rng = np.random.default_rng(seed)
         d = featurizer.dim
         params: dict[str, np.ndarray] = {}
@@ -166,18 +216,20 @@ class MLPPredictor:
         self._m = {k: np.zeros_like(v) for k, v in params.items()}
         self._v = {k: np.zeros_like(v) for k, v in params.items()}
         self._t = 0
-        self._mass = np.zeros(d, dtype=np.float64)
+        self._memory = np.zeros((memory_size, d), dtype=np.float32)  # recent training rows
+        self._memory_used = 0
+        self._memory_next = 0
         self._n_updates = 0
 
     # --- Predictor protocol ---
 
     def predict(self, histories: Sequence[str]) -> np.ndarray:
-        """Success probabilities, shrunk towards `prior` where coverage is low."""
+        """Success probabilities, shrunk towards `prior` for unfamiliar histories."""
         if not histories:
             return np.zeros(0)
         x = _sparse(self.featurizer.featurize(histories))
         p = self._forward(x)[0]
-        c = self.coverage(x)
+        c = self.familiarity(x)
         return (c * p + (1.0 - c) * self.prior).astype(np.float64)
 
     def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
@@ -185,7 +237,7 @@ class MLPPredictor:
 
         Returns:
             `loss_before`, `loss_after` (the training objective on these examples, unshrunk
-            model), `n` and `coverage` (mean, before this update).
+            model), `n` and `familiarity` (mean, before this update).
 
         Raises:
             AllocError: lengths differ or a target is outside [0, 1].
@@ -199,7 +251,7 @@ class MLPPredictor:
         if not histories:
             return {"n": 0.0}
         x = _sparse(self.featurizer.featurize(histories))
-        coverage_before = float(self.coverage(x).mean())
+        familiarity = float(self.familiarity(x).mean())
         before = self._objective(x, y)
         n = len(histories)
         for _ in range(self.epochs):
@@ -207,24 +259,23 @@ class MLPPredictor:
             for start in range(0, n, self.batch_size):
                 idx = order[start : start + self.batch_size]
                 self._step(x[idx], y[idx])
-        self._mass = (
-            self._mass * self.coverage_decay + np.asarray(x.multiply(x).sum(axis=0)).ravel()
-        )
+        self._remember(x)
         self._n_updates += 1
         return {
             "n": float(n),
             "loss_before": before,
             "loss_after": self._objective(x, y),
-            "coverage": coverage_before,
+            "familiarity": familiarity,
         }
 
     def state_dict(self) -> dict[str, np.ndarray]:
-        """Weights, Adam moments, coverage mass and generator state, as plain arrays."""
+        """Weights, Adam moments, the familiarity memory and generator state, as arrays."""
         state = {f"param.{k}": v.copy() for k, v in self._params.items()}
         state |= {f"adam_m.{k}": v.copy() for k, v in self._m.items()}
         state |= {f"adam_v.{k}": v.copy() for k, v in self._v.items()}
         state["adam_t"] = np.array([self._t], dtype=np.int64)
-        state["coverage_mass"] = self._mass.copy()
+        state["memory"] = self._memory.copy()
+        state["memory_cursor"] = np.array([self._memory_used, self._memory_next], dtype=np.int64)
         state["n_updates"] = np.array([self._n_updates], dtype=np.int64)
         state["rng"] = _rng_to_array(self._rng)
         return state
@@ -250,22 +301,33 @@ class MLPPredictor:
             self._m[k] = np.asarray(state[f"adam_m.{k}"], dtype=np.float32).copy()
             self._v[k] = np.asarray(state[f"adam_v.{k}"], dtype=np.float32).copy()
         self._t = int(state["adam_t"][0])
-        self._mass = np.asarray(state["coverage_mass"], dtype=np.float64).copy()
+        self._memory = np.asarray(state["memory"], dtype=np.float32).copy()
+        self._memory_used, self._memory_next = (int(v) for v in state["memory_cursor"])
         self._n_updates = int(state["n_updates"][0])
         self._rng = _rng_from_array(np.asarray(state["rng"]))
 
     # --- internals ---
 
-    def coverage(self, x: sp.csr_array) -> np.ndarray:
+    def familiarity(self, x: sp.csr_array) -> np.ndarray:
         """How familiar each feature row is, in [0, 1].
 
-        The share of the row's squared feature mass on features seen about `coverage_count`
-        times or more in training (with decay): 0 for a history unlike anything seen.
+        Its best cosine similarity to the memory of recent training rows, divided by
+        `similar_at` and capped at 1: 0 before any training (the cold start) and for a history
+        unlike anything recent.
         """
-        known = np.minimum(1.0, self._mass / self.coverage_count)  # (d,)
-        sq = x.multiply(x)
-        total = np.asarray(sq.sum(axis=1)).ravel()
-        return np.where(total > 0, (sq @ known) / np.maximum(total, 1e-12), 0.0)
+        if self._memory_used == 0:
+            return np.zeros(x.shape[0])
+        best = np.asarray((x @ self._memory[: self._memory_used].T).max(axis=1)).ravel()
+        return np.clip(best / self.similar_at, 0.0, 1.0)
+
+    def _remember(self, x: sp.csr_array) -> None:
+        """Overwrite the oldest memory slots with up to half a memory of this update's rows."""
+        size = self._memory.shape[0]
+        take = self._rng.permutation(x.shape[0])[: max(1, size // 2)]
+        slots = (self._memory_next + np.arange(take.size)) % size
+        self._memory[slots] = x[take].toarray()
+        self._memory_next = int((self._memory_next + take.size) % size)
+        self._memory_used = min(size, self._memory_used + take.size)
 
     def _forward(self, x: sp.csr_array) -> tuple[np.ndarray, np.ndarray | None]:
         params = self._params
