@@ -30,6 +30,7 @@ from benchmarks.agents import (
     close_open_tag,
     oracle_plans,
 )
+from benchmarks.cli import bench
 from benchmarks.evaluation import evaluate
 from benchmarks.qa_datasets import load_file
 from envs import SearchQAEnv
@@ -189,6 +190,15 @@ def test_policy_agent_needs_the_action_stop_strings() -> None:
 # --- PolicyBackend: TransformersBackend on a tiny model that memorised one episode -------------
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models: more threads only contend with the other jobs of a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def episode_texts() -> list[str]:
     env = _env_factory()()
@@ -218,19 +228,14 @@ def parrot_dir(tmp_path_factory, tokenizer, episode_texts) -> Path:
     )
     model = build_model(config, tokenizer)
     batch = torch.tensor([ids])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a 64-wide model: more threads only contend on a shared machine
-    try:
-        optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        for _ in range(300):
-            loss = model(input_ids=batch, labels=batch).loss
-            optim.zero_grad()
-            loss.backward()
-            optim.step()
-            if loss.item() < 0.01:
-                break
-    finally:
-        torch.set_num_threads(threads)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(300):
+        loss = model(input_ids=batch, labels=batch).loss
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+        if loss.item() < 0.01:
+            break
     assert loss.item() < 0.05, "the parrot did not memorise its episode"
     return save_policy(model.eval(), tokenizer, tmp_path_factory.mktemp("parrot"))
 
@@ -280,14 +285,12 @@ def _report(out: Path) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-@pytest.mark.slow
 def test_tracerl_bench_with_a_local_transformers_model(tmp_path, parrot_dir, toy_files) -> None:
     tasks, corpus = toy_files
     args = ["--agent", "transformers", "--model", str(parrot_dir), "--data-file", str(tasks),
             "--corpus", str(corpus), "--topk", "1", "--prompt-template", TEMPLATE,
             "--max-new-tokens", "24", "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
-    proc = _bench(args, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert bench(args) == 0  # in-process: what `tracerl bench` runs
     report = _report(tmp_path / "out")["reports"][0]
     assert report["agent"] == f"transformers:{parrot_dir.name}"
     assert report["by_dataset"]["toy"]["n"] == 2
@@ -467,16 +470,17 @@ def test_http_agent_chat_api(stub_server) -> None:
     assert last[2]["content"].startswith("\n<information>")
 
 
-def test_tracerl_bench_with_an_openai_compatible_server(tmp_path, stub_server, toy_files) -> None:
+def test_tracerl_bench_with_an_openai_compatible_server(
+    tmp_path, stub_server, toy_files, capsys
+) -> None:
     url, stub = stub_server
     tasks, corpus = toy_files
     args = ["--agent", "openai", "--model", "stub", "--base-url", url, "--data-file", str(tasks),
             "--corpus", str(corpus), "--topk", "1", "--prompt-template", TEMPLATE,
             "--concurrency", "2", "--out", str(tmp_path / "out"), "--no-progress",
             "--json"]  # fmt: skip
-    proc = _bench(args, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert bench(args) == 0  # in-process: the stub server runs in this process's thread
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert summary["overall"]["openai:stub"]["em"] == 1.0
     report = _report(tmp_path / "out")
     assert report["reports"][0]["meta"]["agent"]["endpoint"]["base_url"] == url
@@ -484,7 +488,7 @@ def test_tracerl_bench_with_an_openai_compatible_server(tmp_path, stub_server, t
     assert len(stub.requests) == 4
 
 
-def test_tracerl_bench_reports_an_unreachable_server(tmp_path, toy_files) -> None:
+def test_tracerl_bench_reports_an_unreachable_server(tmp_path, toy_files, caplog) -> None:
     tasks, corpus = toy_files
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
@@ -493,7 +497,5 @@ def test_tracerl_bench_reports_an_unreachable_server(tmp_path, toy_files) -> Non
     args = ["--agent", "openai", "--model", "m", "--base-url", f"http://127.0.0.1:{port}/v1",
             "--max-retries", "0", "--data-file", str(tasks), "--corpus", str(corpus),
             "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
-    proc = _bench(args, tmp_path)
-    assert proc.returncode == 2
-    said = " ".join((proc.stdout + proc.stderr).split())  # the log handler wraps lines
-    assert f"127.0.0.1:{port}" in said and "failed 1 times" in said
+    assert bench(args) == 2
+    assert f"POST http://127.0.0.1:{port}/v1/completions failed 1 times" in caplog.text

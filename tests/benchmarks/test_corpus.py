@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.cli import corpus
 from benchmarks.corpus import (
     attach_doc_ids,
     build_corpus,
@@ -125,43 +124,17 @@ def test_written_corpus_reads_back_and_its_index_finds_supporting_paragraphs(
     assert hits[0].doc_id == task.supporting_doc_ids[0]
 
 
-def test_tracerl_corpus_command(tmp_path: Path, shared_data: Path) -> None:
+def test_tracerl_corpus_command(
+    tmp_path: Path, shared_data: Path, capsys: pytest.CaptureFixture[str], caplog
+) -> None:
     out = tmp_path / "corpus"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "corpus",
-            "--data-file",
-            str(shared_data / "musique/musique_ans_v1.0_dev.kag100.json"),
-            "--limit",
-            "10",
-            "--out",
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert "unique documents" in proc.stdout
+    musique = str(shared_data / "musique/musique_ans_v1.0_dev.kag100.json")
+    assert corpus(["--data-file", musique, "--limit", "10", "--out", str(out)]) == 0
+    assert "unique documents" in capsys.readouterr().out
     assert (out / "bm25" / "manifest.json").is_file()
     assert len(load_file(out / "tasks.jsonl").tasks) == 10
-    fail = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.cli",
-            "corpus",
-            "--data-file",
-            str(shared_data / "bamboogle/bamboogle.csv"),
-            "--out",
-            str(tmp_path / "none"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert fail.returncode == 2
-    assert "no paragraphs" in fail.stderr + fail.stdout
+    bamboogle = str(shared_data / "bamboogle/bamboogle.csv")
+    assert corpus(["--data-file", bamboogle, "--out", str(tmp_path / "none")]) == 2
+    assert "no paragraphs" in caplog.text
+    assert corpus(["--out", str(tmp_path / "none")]) == 2
+    assert "no questions: pass --dataset NAME or --data-file PATH" in caplog.text
