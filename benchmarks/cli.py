@@ -251,7 +251,7 @@ class AgentArgs:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchConfig(DataArgs, AgentArgs):
+class BenchConfig(AgentArgs, DataArgs):
     """Evaluate agents on multi-hop QA: EM / sub-EM / F1 per dataset, question type and hops.
 
     With no arguments: the scripted oracle and naive agents on the embedded synthetic world.
@@ -515,7 +515,7 @@ def bench(argv: list[str]) -> int:
                     progress=config.progress,
                 )
             )
-    except (RetrievalError, HarnessError) as err:
+    except (RetrievalError, EnvError, HarnessError) as err:
         log.error("%s", err)
         return 2
     paths = write_reports(reports, config.out, meta=meta)
