@@ -296,11 +296,10 @@ class PolicyAgent:
             if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
                 ids = ids["input_ids"]
             return _TokenState(ids=[int(t) for t in ids])
-        ids = [int(t) for t in self.tokenizer.encode(prompt, add_special_tokens=True)]
+        # the training harness's convention: BOS (if any), then the text with no specials
         bos = getattr(self.tokenizer, "bos_token_id", None)
-        if bos is not None and ids[:1] != [bos]:  # tokenizers without a BOS post-processor
-            ids.insert(0, int(bos))
-        return _TokenState(ids=ids)
+        text_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
+        return _TokenState(ids=([] if bos is None else [int(bos)]) + [int(t) for t in text_ids])
 
     def act(
         self,
