@@ -1,0 +1,81 @@
+"""trace-rl's own flags for the OpenRLHF trainer (`tracerl train --backend openrlhf`).
+
+Only what OpenRLHF has no flag for lives here: the allocator, the tree advantage, the budget
+currency, the environment, the retriever and the predictor. Everything OpenRLHF already has
+(model, Ray/vLLM/DeepSpeed layout, batch sizes, learning rate, KL, `--data.max_len`,
+`--rollout.max_new_tokens`, `--rollout.temperature`, `--rollout.top_p`) is given after `--` to
+OpenRLHF's own parser and read from there, never declared twice. The leaf budget of a step is
+OpenRLHF's `--rollout.batch_size x --rollout.n_samples_per_prompt`: the trajectories GRPO would
+sample from the same flags, so the comparison is at equal cost by construction.
+
+The allocator is one of trace_alloc's own dataclasses, so its fields are its flags
+(`alloc:trace --alloc.max-per-prompt 8`, `alloc:uniform --alloc.group-size 8`).
+
+This module imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from envs.search_qa import SearchQAConfig
+from trace_alloc import DynamicSampling, EntropyTree, PromptPredictor, RandomTree, Trace, Uniform
+
+__all__ = ["AllocatorConfig", "PredictorConfig", "TreeTrainConfig"]
+
+AllocatorConfig = Trace | Uniform | DynamicSampling | PromptPredictor | RandomTree | EntropyTree
+"""Any of trace_alloc's allocators, with its own fields."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictorConfig:
+    """The online success predictor Ṽψ (hashed n-grams + a small MLP, `trace_alloc.predictor`)."""
+
+    dim: int = 4096
+    """Hashed features per history."""
+    hidden: int = 64
+    """Hidden units of the MLP; 0 gives logistic regression."""
+    lr: float = 3e-3
+    """Adam step size."""
+    epochs: int = 4
+    """Passes over each step's examples."""
+    prior: float = 0.5
+    """Prediction for histories unlike anything seen so far."""
+
+    def __post_init__(self) -> None:
+        if self.dim < 1 or self.hidden < 0 or self.lr <= 0 or self.epochs < 1:
+            raise ValueError(f"bad predictor config {self}")
+        if not 0.0 < self.prior < 1.0:
+            raise ValueError(f"prior={self.prior}: must be in (0, 1)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeTrainConfig:
+    """Tree-rollout settings of an OpenRLHF run."""
+
+    retriever: str = "http://127.0.0.1:8000"
+    """A Search-R1-protocol server URL (e.g. a wiki-18 e5 server, or `tracerl serve-retriever`),
+    or a local index directory (`tracerl index build`)."""
+    alloc: AllocatorConfig = field(default_factory=Trace)
+    """Which allocator spends the rollout budget."""
+    advantage: Literal["grpo", "tree_grpo", "treerl"] = "tree_grpo"
+    """Tree advantage (`trace_alloc.tree_advantages`)."""
+    currency: Literal["leaves", "tokens"] = "leaves"
+    """The budget's limiting currency. Leaves: rollout.batch_size x n_samples_per_prompt."""
+    tokens_per_step: int | None = None
+    """Generated tokens per step; required when `currency` is `tokens`."""
+    env: SearchQAConfig = field(default_factory=SearchQAConfig)
+    """Search-R1 environment: turns, documents per search, reward, prompt template."""
+    predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    run_dir: Path = Path("runs/openrlhf")
+    """Where `metrics.jsonl` and the predictor's checkpoints go (on the trainer's node)."""
+    seed: int = 0
+    """Seeds the allocator, the engine's sampling seeds and the predictor."""
+
+    def __post_init__(self) -> None:
+        if self.currency == "tokens" and (self.tokens_per_step is None or self.tokens_per_step < 1):
+            raise ValueError("currency='tokens' needs --tokens-per-step > 0")
+        if self.currency == "leaves" and self.tokens_per_step is not None:
+            raise ValueError("--tokens-per-step is only read with --currency tokens")

@@ -1,0 +1,340 @@
+"""`tracerl train --backend openrlhf`: tree-rollout RL on OpenRLHF's Ray + DeepSpeed + vLLM.
+
+Command line: trace-rl's flags (`TreeTrainConfig`, parsed by tyro), then `--`, then OpenRLHF's
+own flags, parsed by OpenRLHF 0.11.2's `openrlhf.cli.train_ppo_ray` parser itself:
+
+    tracerl train --backend openrlhf --retriever http://127.0.0.1:8000 alloc:trace \\
+        -- --actor.model_name_or_path Qwen/Qwen3-8B --data.prompt_dataset data/hotpotqa.jsonl \\
+           --vllm.num_engines 4 --vllm.enable_prefix_caching ...
+
+That parser only exists inside the `if __name__ == "__main__":` block of upstream's script, so
+`parse_openrlhf_args` runs exactly that block (its argparse declarations and its checks), with
+`train` swapped for a function that hands the parsed flags back. No OpenRLHF flag is declared a
+second time here. Flags this launcher needs and the user did not give get a default
+(`OPENRLHF_DEFAULTS`); settings that cannot work with precomputed tree advantages are refused
+with one error listing all of them (`check_openrlhf_args`).
+
+`launch` then builds what OpenRLHF's `train()` builds (strategy, vLLM engines, actor and
+reference groups, optional colocation) and runs `TreePPOTrainer` instead of `PPOTrainer`. There
+is no critic (tree advantages need none) and no reward model (the environment scores answers).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import inspect
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import tyro
+
+from harness.errors import HarnessError
+from harness.openrlhf.config import TreeTrainConfig
+
+__all__ = [
+    "OPENRLHF_DEFAULTS",
+    "OPENRLHF_VERSION",
+    "REWARD_PLACEHOLDER",
+    "check_openrlhf_args",
+    "launch",
+    "main",
+    "parse_args",
+    "parse_openrlhf_args",
+    "split_argv",
+]
+
+log = logging.getLogger(__name__)
+
+OPENRLHF_VERSION = "0.11.2"
+"""The OpenRLHF release this integration is written against (pinned in the `gpu` extra)."""
+
+PROG = "tracerl train --backend openrlhf"
+
+REWARD_PLACEHOLDER = "trace-rl:env"
+"""`--reward.remote_url` value that tells OpenRLHF's checks rewards come with the samples (from the
+environment), so no reward model is created. Its engines never call it."""
+
+OPENRLHF_DEFAULTS: dict[str, str] = {
+    "--data.input_key": "prompt",
+    "--data.label_key": "task",
+    "--reward.remote_url": REWARD_PLACEHOLDER,
+    # any non-GAE name: GAE would make OpenRLHF create a critic; the estimator is not used
+    "--algo.advantage.estimator": "reinforce",
+}
+"""OpenRLHF flags given on the user's behalf when absent (the prompt files of
+`scripts/prepare_hotpotqa.py` have `prompt` and `task` columns)."""
+
+
+def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split at the first `--`: trace-rl's flags before, OpenRLHF's after.
+
+    >>> split_argv(["--seed", "1", "--", "--train.seed", "2"])
+    (['--seed', '1'], ['--train.seed', '2'])
+    >>> split_argv(["--seed", "1"])
+    (['--seed', '1'], [])
+    """
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1 :]
+
+
+def _check_version() -> None:
+    try:
+        found = importlib.metadata.version("openrlhf")
+    except importlib.metadata.PackageNotFoundError as err:
+        raise HarnessError(
+            f"OpenRLHF is not installed. On GPUs: `pip install 'trace-rl[gpu]'`; on CPU: "
+            f"`pip install --no-deps openrlhf=={OPENRLHF_VERSION}` (see docs/openrlhf.md)"
+        ) from err
+    if found != OPENRLHF_VERSION:
+        raise HarnessError(
+            f"openrlhf {found} is installed, but trace-rl's trainer subclasses the internals of "
+            f"openrlhf=={OPENRLHF_VERSION}; install that version (`pip install --no-deps "
+            f"openrlhf=={OPENRLHF_VERSION}`)"
+        )
+
+
+def _with_defaults(argv: Sequence[str]) -> list[str]:
+    given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    extra = [
+        item
+        for flag, value in OPENRLHF_DEFAULTS.items()
+        if flag not in given
+        for item in (flag, value)
+    ]
+    return [*argv, *extra]
+
+
+def parse_openrlhf_args(argv: Sequence[str]) -> Any:
+    """OpenRLHF's flags, parsed and checked by `openrlhf.cli.train_ppo_ray`'s own code.
+
+    Args:
+        argv: OpenRLHF flags (what follows `--`); `OPENRLHF_DEFAULTS` fill the gaps.
+
+    Returns:
+        The hierarchised namespace (`args.actor.model_name_or_path`, ...), after upstream's
+        own validation.
+
+    Raises:
+        HarnessError: OpenRLHF is missing or not the pinned version, or its script changed shape.
+        SystemExit: argparse's answer to a bad flag or `--help` (usage printed by argparse).
+    """
+    _check_version()
+    from harness.openrlhf.compat import ensure_flash_attn
+
+    ensure_flash_attn()
+    import openrlhf.cli.train_ppo_ray as script
+
+    block = next(
+        (node for node in ast.parse(inspect.getsource(script)).body if _is_main_guard(node)), None
+    )
+    if block is None:
+        raise HarnessError(
+            f"{script.__file__} has no `if __name__ == '__main__':` block to take its parser from"
+        )
+    code = compile(ast.Module(body=block.body, type_ignores=[]), script.__file__, "exec")
+    parsed: list[Any] = []
+    namespace = dict(vars(script))
+    namespace["train"] = parsed.append  # the block ends with train(args): keep args instead
+    saved = sys.argv
+    sys.argv = [f"{PROG} --", *_with_defaults(argv)]
+    try:
+        exec(code, namespace)  # upstream's own parser and checks, nothing else
+    finally:
+        sys.argv = saved
+    if len(parsed) != 1:
+        raise HarnessError(f"{script.__file__}'s main block did not reach train(args)")
+    return parsed[0]
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    test = node.test if isinstance(node, ast.If) else None
+    return (
+        isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and len(test.comparators) == 1
+        and isinstance(test.comparators[0], ast.Constant)
+        and test.comparators[0].value == "__main__"
+    )
+
+
+def check_openrlhf_args(args: Any) -> None:
+    """Refuse OpenRLHF settings that cannot work with precomputed tree advantages.
+
+    Raises:
+        HarnessError: listing every problem found, with what to do instead.
+    """
+    problems = []
+    if not args.actor.model_name_or_path:
+        problems.append("--actor.model_name_or_path is required")
+    if not args.data.prompt_dataset:
+        problems.append("--data.prompt_dataset is required (scripts/prepare_hotpotqa.py)")
+    if not args.vllm.num_engines:
+        problems.append("--vllm.num_engines must be >= 1: rollouts run on OpenRLHF's vLLM engines")
+    if args.rollout.max_new_tokens is None:
+        problems.append("--rollout.max_new_tokens is required: it is the per-turn action cap")
+    if args.algo.advantage.estimator == "gae":
+        problems.append(
+            "--algo.advantage.estimator gae needs a critic; tree advantages need none "
+            "(choose the tree advantage with trace-rl's --advantage)"
+        )
+    if args.train.agent_func_path:
+        problems.append("--train.agent_func_path: the tree engine is the agent; drop the flag")
+    if args.reward.model_name_or_path:
+        problems.append("--reward.model_name_or_path: rewards come from the environment")
+    if args.reward.remote_url != [REWARD_PLACEHOLDER]:
+        problems.append("--reward.remote_url: rewards come from the environment (leave it out)")
+    if args.algo.dynamic_filtering_enable:
+        problems.append(
+            "--algo.dynamic_filtering_enable: use the allocator instead (alloc:dynamic-sampling)"
+        )
+    if (
+        args.reward.overlong_buffer_len is not None
+        or args.reward.stop_properly_penalty_coef is not None
+    ):
+        problems.append(
+            "--reward.overlong_buffer_len / --reward.stop_properly_penalty_coef reshape scalar "
+            "rewards, which tree advantages do not use"
+        )
+    if args.train.async_enable:
+        problems.append("--train.async_enable is not supported by the tree trainer (synchronous)")
+    if args.data.max_images_per_prompt:
+        problems.append("--data.max_images_per_prompt: the search environment is text-only")
+    if problems:
+        raise HarnessError(
+            "OpenRLHF flags the tree trainer cannot use:\n- " + "\n- ".join(problems)
+        )
+
+
+def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
+    """Both halves of the command line: trace-rl's config and OpenRLHF's checked flags.
+
+    Flags before `--` that tyro does not know are passed on to OpenRLHF too, so a misplaced
+    OpenRLHF flag still works and a typo gets OpenRLHF's "unrecognized arguments" error.
+
+    Raises:
+        HarnessError: see `parse_openrlhf_args` and `check_openrlhf_args`.
+        SystemExit: a bad flag or `--help`.
+    """
+    ours, theirs = split_argv(argv)
+    config, unknown = tyro.cli(TreeTrainConfig, args=ours, return_unknown_args=True, prog=PROG)
+    args = parse_openrlhf_args([*unknown, *theirs])
+    check_openrlhf_args(args)
+    return config, args
+
+
+def launch(config: TreeTrainConfig, args: Any) -> None:
+    """Build OpenRLHF's Ray actors and run `TreePPOTrainer` to the end (needs GPUs).
+
+    What OpenRLHF's `train()` builds, minus the critic and reward model: the DeepSpeed strategy,
+    the vLLM engines (with `processed_logprobs`, so rollout log-probs are those of the sampled
+    distribution), the policy and reference groups (colocated if asked), then the trainer.
+    """
+    import ray
+    from openrlhf.trainer.ray import create_vllm_engines
+    from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
+    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
+    from openrlhf.utils import get_strategy
+    from ray.util.placement_group import placement_group
+
+    from harness.openrlhf.trainer import TreePPOTrainer
+
+    if not ray.is_initialized():
+        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+    strategy = get_strategy(args)
+    strategy.print(args)
+    n_actor_gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
+    shared = None
+    if args.train.colocate_actor_ref or args.train.colocate_all:
+        shared = placement_group([{"GPU": 1, "CPU": 1}] * n_actor_gpus, strategy="PACK")
+        ray.get(shared.ready())
+    if (
+        args.train.colocate_all
+        and n_actor_gpus != args.vllm.num_engines * args.vllm.tensor_parallel_size
+    ):
+        raise HarnessError(
+            "--train.colocate_all needs actor GPUs == vllm.num_engines x vllm.tensor_parallel_size"
+        )
+    engines = create_vllm_engines(
+        args.vllm.num_engines,
+        args.vllm.tensor_parallel_size,
+        args.actor.model_name_or_path,
+        args.train.seed,
+        args.train.full_determinism_enable,
+        args.vllm.enable_prefix_caching,
+        args.vllm.enforce_eager,
+        args.data.max_len,
+        shared if args.train.colocate_all else None,
+        args.vllm.gpu_memory_utilization,
+        args.vllm.enable_sleep,
+        "processed_logprobs",
+    )
+    duplicates = args.ds.ring_attn_size * args.ds.tensor_parallel_size
+    fraction = 0.2 if shared else 1
+    actor = RayActorGroup(
+        args.actor.num_nodes,
+        args.actor.num_gpus_per_node,
+        PolicyModelActor,
+        pg=shared,
+        num_gpus_per_actor=fraction,
+        duplicate_actors=duplicates,
+    )
+    reference = None
+    if args.algo.kl.init_coef > 0:
+        reference = RayActorGroup(
+            args.ref.num_nodes,
+            args.ref.num_gpus_per_node,
+            ReferenceModelActor,
+            pg=shared,
+            num_gpus_per_actor=fraction,
+            duplicate_actors=duplicates,
+        )
+    trainer = TreePPOTrainer.remote(
+        args.actor.model_name_or_path,
+        strategy,
+        actor,
+        None,
+        None,
+        reference,
+        engines,
+        config=config,
+        do_sample=True,
+        max_len=args.data.max_len,
+        max_new_tokens=args.rollout.max_new_tokens,
+        temperature=args.rollout.temperature,
+        top_p=args.rollout.top_p,
+    )
+    max_steps = ray.get(trainer.get_max_steps.remote())
+    refs = actor.async_init_model_from_pretrained(
+        strategy, args.actor.model_name_or_path, max_steps, engines
+    )
+    if reference is not None:
+        refs.extend(
+            reference.async_init_model_from_pretrained(strategy, args.actor.model_name_or_path)
+        )
+    ray.get(refs)
+    ray.get(trainer.fit.remote())
+    ray.get(actor.async_save_model())
+
+
+def main(argv: Sequence[str]) -> int:
+    """Entry point of `tracerl train --backend openrlhf` (`harness.cli.train` dispatches here).
+
+    Args:
+        argv: trace-rl's flags, `--`, OpenRLHF's flags (without `--backend openrlhf`).
+
+    Returns:
+        0 once training has finished and the model is saved.
+
+    Raises:
+        HarnessError: unusable flags, or OpenRLHF missing or at another version.
+    """
+    config, args = parse_args(argv)
+    launch(config, args)
+    return 0

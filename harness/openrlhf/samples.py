@@ -1,0 +1,470 @@
+"""`TreeSamplesGenerator`: OpenRLHF's sample generator, running trace-rl's tree-rollout engine.
+
+OpenRLHF 0.11.2's `SamplesGenerator.generate_samples` sends each prompt to one vLLM engine for
+`--rollout.n_samples_per_prompt` independent agent runs. A TRACE step is different: the allocator
+decides, wave by wave, how many rollouts each prompt of the pool gets and at which turn prefixes
+the trees fork (DESIGN §1), so the number of leaves per prompt varies. This subclass therefore
+replaces generation with one call to `harness.engine.TreeRolloutEngine.run_step`, whose policy is
+`RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and keeps in sync; after the
+step it:
+
+1. trains the predictor Ṽψ on the step's tree targets (after measuring its calibration on them);
+2. computes per-turn tree advantages (`trace_alloc.tree_advantages`) on the trees the allocator
+   keeps for training;
+3. turns every leaf into an `Experience` with those advantages already in place
+   (`harness.openrlhf.experience`), for `TreeExperienceMaker` to keep;
+4. pads the count to a multiple of the training batch (zero-advantage fillers), because OpenRLHF
+   splits a step's samples evenly over its data-parallel ranks.
+
+The prompt dataset's label column (`--data.label_key`) holds each question's `QATask` JSON
+(`scripts/prepare_hotpotqa.py` writes it); the environment builds its own Search-R1 prompt from
+the task, so OpenRLHF's prompt string is only kept to group evaluation results.
+"""
+
+from __future__ import annotations
+
+from harness.openrlhf.compat import ensure_flash_attn
+
+ensure_flash_attn()  # openrlhf's trainer modules import openrlhf.models; see compat.py
+
+import contextlib  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
+from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
+from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call  # noqa: E402
+
+from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
+from harness.backends.base import PolicyBackend, SamplingParams  # noqa: E402
+from harness.backends.openrlhf_ray import RayEnginesBackend  # noqa: E402
+from harness.engine import TreeRolloutEngine  # noqa: E402
+from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
+from harness.errors import HarnessError  # noqa: E402
+from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
+from harness.openrlhf.experience import (  # noqa: E402
+    experience_from_tokens,
+    experiences_from_leaves,
+    pad_to_multiple,
+    token_advantages_of_episode,
+)
+from retrieval.indexes import make_retriever  # noqa: E402
+from trace_alloc import (  # noqa: E402
+    BudgetLimit,
+    HashedNgramFeaturizer,
+    MLPPredictor,
+    StepResult,
+    calibration_report,
+    training_examples,
+    tree_advantages,
+)
+
+__all__ = ["STATE_SCHEMA_VERSION", "ChatTemplateCodec", "TreeSamplesGenerator", "batch_unit"]
+
+log = logging.getLogger(__name__)
+
+STATE_SCHEMA_VERSION = 1
+"""Version of `state.json` written by `TreeSamplesGenerator.save_state`."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ChatTemplateCodec(EpisodeCodec):
+    """An `EpisodeCodec` whose prompt is the user turn of the tokenizer's chat template.
+
+    For chat models (Qwen3-8B): the prompt becomes `<|im_start|>user ... <|im_start|>assistant`,
+    and actions and observations then continue the assistant turn as plain text (Search-R1).
+    Used when OpenRLHF's `--data.apply_chat_template` is given.
+    """
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids of the chat-formatted prompt, ready for the assistant's first action."""
+        text = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+        return self.encode_text(str(text))
+
+
+def batch_unit(args: Any) -> int:
+    """The sample count a step must be a multiple of, for OpenRLHF to split it evenly.
+
+    Rollout micro-batches (`--rollout.micro_batch_size`) are dealt in equal chunks to the
+    effective actor ranks, and each rank steps its optimizer every `--train.batch_size` samples
+    (globally); both must come out whole on every rank, or ranks disagree on the number of
+    DeepSpeed steps.
+
+    >>> from types import SimpleNamespace as NS
+    >>> args = NS(train=NS(batch_size=8), rollout=NS(micro_batch_size=2),
+    ...           actor=NS(num_nodes=1, num_gpus_per_node=4), ds=NS(ring_attn_size=1,
+    ...           tensor_parallel_size=1))
+    >>> batch_unit(args)
+    8
+    """
+    ranks = (
+        args.actor.num_nodes
+        * args.actor.num_gpus_per_node
+        // args.ds.ring_attn_size
+        // args.ds.tensor_parallel_size
+    )
+    return math.lcm(args.train.batch_size, args.rollout.micro_batch_size * max(ranks, 1))
+
+
+class TreeSamplesGenerator(SamplesGenerator):
+    """Generates one training step's samples with tree rollouts instead of independent groups.
+
+    Args:
+        strategy: OpenRLHF's `DeepspeedStrategy` (its `args` are OpenRLHF's parsed flags).
+        prompts_dataloader: OpenRLHF's prompt dataloader (`prepare_datasets`).
+        eval_dataloader: The evaluation dataloader, or None.
+        tokenizer: The policy's tokenizer.
+        vllm_engines: OpenRLHF's `RolloutRayActor` handles.
+        config: trace-rl's flags.
+        backend: The policy to sample from; None builds a `RayEnginesBackend` over
+            `vllm_engines` (tests pass a fake).
+
+    Raises:
+        HarnessError: a label that is not a task's JSON, or settings that cannot work.
+    """
+
+    def __init__(
+        self,
+        strategy: Any,
+        prompts_dataloader: Any,
+        eval_dataloader: Any,
+        tokenizer: Any,
+        vllm_engines: list[Any],
+        *,
+        config: TreeTrainConfig,
+        backend: PolicyBackend | None = None,
+    ) -> None:
+        super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
+        args = self.args
+        if args.rollout.max_new_tokens is None:
+            raise HarnessError(
+                "--rollout.max_new_tokens is required: it is the per-turn token cap of an action"
+            )
+        self.config = config
+        self.backend = backend or RayEnginesBackend(
+            self.vllm_engines, eos_text=tokenizer.eos_token, seed=config.seed
+        )
+        loaders = [prompts_dataloader] + ([eval_dataloader] if eval_dataloader else [])
+        self._tasks_by_label: dict[str, QATask] = {}
+        tasks = TaskSet(self._tasks_from_labels(loaders))
+        self.env = SearchQAEnv(
+            tasks, make_retriever(config.retriever), **dataclasses.asdict(config.env)
+        )
+        codec_cls = ChatTemplateCodec if args.data.apply_chat_template else EpisodeCodec
+        self.codec = codec_cls(tokenizer)
+        self.sampling = SamplingParams(
+            max_new_tokens=args.rollout.max_new_tokens,
+            temperature=args.rollout.temperature,
+            top_p=args.rollout.top_p,
+        )
+        self.engine = TreeRolloutEngine(
+            self.backend,
+            self.env,
+            self.codec,
+            sampling=self.sampling,
+            max_total_tokens=args.data.max_len,
+            seed=config.seed,
+        )
+        self.predictor = MLPPredictor(
+            HashedNgramFeaturizer(config.predictor.dim),
+            hidden=config.predictor.hidden,
+            lr=config.predictor.lr,
+            epochs=config.predictor.epochs,
+            prior=config.predictor.prior,
+            seed=config.seed,
+        )
+        per_step = (
+            args.rollout.batch_size * args.rollout.n_samples_per_prompt
+            if config.currency == "leaves"
+            else config.tokens_per_step
+        )
+        assert per_step is not None  # TreeTrainConfig checks tokens_per_step
+        self.budget = BudgetLimit(currency=config.currency, per_step=per_step)
+        self.rng = np.random.default_rng(config.seed)
+        self.eval_rng = np.random.default_rng([config.seed, 1])  # evaluation never shifts training
+        self.unit = batch_unit(args)
+        self.carry = 0.0
+        self.tokens_per_leaf = float(args.rollout.max_new_tokens)  # first-wave guess (tokens)
+        self.last_metrics: dict[str, float] = {}
+        """Tree metrics of the last `generate_samples` (effective ratio, budget, predictor)."""
+        self.last_step: StepResult | None = None
+        self._dataloader_iter: Iterator[Any] | None = None
+        log.info(
+            "tree rollouts: allocator %s, %s budget %d per step, %s advantages, %d tasks, "
+            "samples padded to a multiple of %d",
+            type(config.alloc).__name__,
+            config.currency,
+            per_step,
+            config.advantage,
+            len(tasks),
+            self.unit,
+        )
+
+    # --- OpenRLHF's interface ---
+
+    @torch.no_grad()
+    def generate_samples(self, **generate_kwargs: Any) -> tuple[list[Experience], None, int, bool]:
+        """Run one tree step on the next `--rollout.batch_size` prompts.
+
+        Returns:
+            `(experiences, None, prompts_consumed, exhausted)`, as OpenRLHF's `generate_samples`
+            (the second item, a dynamic-filtering pass rate, does not apply: the allocator's
+            `train_indices` does the filtering). Experiences are empty when the step kept no
+            leaf.
+        """
+        if self._dataloader_iter is None:
+            self._dataloader_iter = iter(self.prompts_dataloader)
+        prompts, labels, exhausted = _draw(self._dataloader_iter, self.args.rollout.batch_size)
+        if exhausted:
+            self._dataloader_iter = None
+        if not prompts:
+            return [], None, 0, True
+        with self._engines_awake():
+            experiences = self.run_tree_step(prompts, labels)
+        return experiences, None, len(prompts), exhausted
+
+    @torch.no_grad()
+    def generate_eval_samples(self, **generate_kwargs: Any) -> list[Experience]:
+        """Play `n_samples_per_prompt` independent episodes per evaluation question.
+
+        The experiences come in consecutive groups of `n_samples_per_prompt` per prompt, as
+        OpenRLHF's `compute_eval_metrics` expects, with `temperature` from the kwargs.
+        """
+        n = int(generate_kwargs.get("n_samples_per_prompt", 1))
+        sampling = dataclasses.replace(
+            self.sampling, temperature=float(generate_kwargs.get("temperature", 1.0))
+        )
+        with self._engines_awake():
+            return self._eval_episodes(iter(self.eval_dataloader), n, sampling)
+
+    def _eval_episodes(
+        self, iterator: Iterator[Any], n: int, sampling: SamplingParams
+    ) -> list[Experience]:
+        out: list[Experience] = []
+        while True:
+            prompts, labels, exhausted = _draw(iterator, self.args.rollout.batch_size)
+            if prompts:
+                tasks = [self._task(label) for label in labels]
+                episodes = run_episodes(
+                    self.backend,
+                    self.env,
+                    [t.task_id for t in tasks for _ in range(n)],
+                    self.codec,
+                    sampling=sampling,
+                    seed=int(self.eval_rng.integers(2**31)),
+                    max_total_tokens=self.args.data.max_len,
+                )
+                for i, episode in enumerate(episodes):
+                    out.append(
+                        experience_from_tokens(
+                            token_advantages_of_episode(
+                                episode.token_ids, episode.action_mask, episode.logprobs
+                            ),
+                            reward=episode.reward,
+                            max_len=self.args.data.max_len,
+                            prompt=prompts[i // n],
+                            label=labels[i // n],
+                            n_turns=episode.n_turns,
+                        )
+                    )
+            if exhausted or not prompts:
+                return out
+
+    @contextlib.contextmanager
+    def _engines_awake(self) -> Iterator[None]:
+        """Wake sleeping vLLM engines for generation and put them back after, as OpenRLHF does."""
+        if not self.args.vllm.enable_sleep:
+            yield
+            return
+        batch_vllm_engine_call(self.vllm_engines, "wake_up")
+        try:
+            yield
+        finally:
+            batch_vllm_engine_call(self.vllm_engines, "sleep")
+
+    # --- the tree step ---
+
+    def run_tree_step(self, prompts: Sequence[str], labels: Sequence[str]) -> list[Experience]:
+        """Tree rollouts on these prompts, predictor update, advantages, experiences.
+
+        Args:
+            prompts: OpenRLHF's prompt strings (kept in the experiences).
+            labels: Each prompt's task JSON.
+
+        Returns:
+            One experience per kept leaf, then fillers up to a multiple of `unit`.
+        """
+        start = time.perf_counter()
+        tasks = [self._task(label) for label in labels]
+        first: dict[str, int] = {}
+        for i, task in enumerate(tasks):
+            first.setdefault(task.task_id, i)  # a question drawn twice is played once
+        if isinstance(self.backend, RayEnginesBackend):
+            self.backend.reset_routing()  # OpenRLHF reset the engines' prefix caches
+        self.engine.reset_stats()
+        result = self.engine.run_step(
+            self.config.alloc,
+            list(first),
+            budget=self.budget,
+            rng=self.rng,
+            predictor=self.predictor,
+            carry=self.carry,
+            tokens_per_leaf=self.tokens_per_leaf,
+        )
+        self.carry = result.carry
+        if result.spent.n_leaves:
+            self.tokens_per_leaf = result.tokens_per_leaf
+        rollout_s = time.perf_counter() - start
+        predictor_metrics = self._update_predictor(result)
+        kept = [result.trees[i] for i in result.train_indices]
+        leaves = tree_advantages(kept, self.config.advantage)
+        experiences = experiences_from_leaves(
+            kept,
+            leaves,
+            max_len=self.args.data.max_len,
+            prompts=[prompts[first[t.prompt_id]] for t in kept],
+            labels=[labels[first[t.prompt_id]] for t in kept],
+        )
+        padded = pad_to_multiple(experiences, self.unit)
+        self.last_step = result
+        self.last_metrics = _step_metrics(result, self.engine.stats.tokens_per_s, rollout_s)
+        self.last_metrics.update(predictor_metrics)
+        self.last_metrics["rollout/n_train_leaves"] = float(len(experiences))
+        self.last_metrics["rollout/n_fillers"] = float(len(padded) - len(experiences))
+        return padded
+
+    def _update_predictor(self, result: StepResult) -> dict[str, float]:
+        histories, targets, counts = training_examples(result.trees)
+        if not histories:
+            return {}
+        report = calibration_report(self.predictor.predict(histories), targets, counts)
+        fit = self.predictor.update(histories, targets)
+        return {
+            "predictor/brier": float(report.brier),
+            "predictor/auc": float(report.auc),
+            "predictor/n_examples": float(len(histories)),
+            "predictor/loss_after": float(fit.get("loss_after", float("nan"))),
+        }
+
+    # --- state for checkpoints ---
+
+    def save_state(self, directory: Path) -> None:
+        """Write the predictor (`predictor.npz`) and the step state (`state.json`)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        np.savez(directory / "predictor.npz", **self.predictor.state_dict())
+        state = {
+            "schema_version": STATE_SCHEMA_VERSION,
+            "carry": self.carry,
+            "tokens_per_leaf": self.tokens_per_leaf,
+            "rng": self.rng.bit_generator.state,
+            "engine_rng": self.engine.rng_state(),
+        }
+        (directory / "state.json").write_text(json.dumps(state, indent=1))
+
+    def load_state(self, directory: Path) -> None:
+        """Restore `save_state` output.
+
+        Raises:
+            HarnessError: missing files or another schema version.
+        """
+        try:
+            state = json.loads((directory / "state.json").read_text())
+            with np.load(directory / "predictor.npz", allow_pickle=False) as arrays:
+                predictor_state = {name: arrays[name] for name in arrays.files}
+        except (OSError, ValueError) as err:
+            raise HarnessError(
+                f"cannot resume the tree state from {directory}: {err}. It is written next to "
+                "every OpenRLHF checkpoint (--ckpt.save_steps); resume with the same --run-dir."
+            ) from err
+        if state.get("schema_version") != STATE_SCHEMA_VERSION:
+            raise HarnessError(
+                f"{directory / 'state.json'} has schema_version {state.get('schema_version')!r}, "
+                f"this trace-rl reads {STATE_SCHEMA_VERSION}"
+            )
+        self.predictor.load_state_dict(predictor_state)
+        self.carry = float(state["carry"])
+        self.tokens_per_leaf = float(state["tokens_per_leaf"])
+        self.rng.bit_generator.state = state["rng"]
+        self.engine.set_rng_state(state["engine_rng"])
+
+    # --- tasks ---
+
+    def _tasks_from_labels(self, loaders: Sequence[Any]) -> list[QATask]:
+        by_id: dict[str, QATask] = {}
+        for loader in loaders:
+            for label in loader.dataset.labels:
+                task = self._task(label)
+                seen = by_id.setdefault(task.task_id, task)
+                if seen != task:
+                    raise HarnessError(
+                        f"task id {task.task_id!r} names two different tasks in the prompt "
+                        "datasets; give every question a unique id"
+                    )
+        if not by_id:
+            raise HarnessError("the prompt dataset is empty")
+        return list(by_id.values())
+
+    def _task(self, label: Any) -> QATask:
+        key = label if isinstance(label, str) else json.dumps(label, sort_keys=True)
+        task = self._tasks_by_label.get(key)
+        if task is None:
+            try:
+                record = json.loads(label) if isinstance(label, str) else dict(label)
+                task = QATask.from_json(record)
+            except (TypeError, ValueError, KeyError) as err:
+                raise HarnessError(
+                    f"label {str(label)[:120]!r} is not a task's JSON ({err!r}). The column "
+                    "named by --data.label_key must hold QATask.to_json() (see "
+                    "scripts/prepare_hotpotqa.py)."
+                ) from err
+            self._tasks_by_label[key] = task
+        return task
+
+
+def _draw(iterator: Iterator[Any], n: int) -> tuple[list[str], list[Any], bool]:
+    """Up to `n` (prompt, label) pairs from an OpenRLHF prompt dataloader, and exhaustion."""
+    prompts: list[str] = []
+    labels: list[Any] = []
+    while len(prompts) < n:
+        try:
+            _, batch_prompts, batch_labels, _ = next(iterator)
+        except StopIteration:
+            return prompts, labels, True
+        room = n - len(prompts)
+        prompts += list(batch_prompts[:room])
+        labels += list(batch_labels[:room])
+    return prompts, labels, False
+
+
+def _step_metrics(result: StepResult, tokens_per_s: float, rollout_s: float) -> dict[str, float]:
+    """CleanRL-style metrics of one tree step (STYLE §2.6)."""
+    stats = result.stats
+    rewards = [
+        node.reward for tree in result.trees for node in tree.nodes if node.reward is not None
+    ]
+    return {
+        "rollout/effective_ratio": stats.effective_ratio,
+        "rollout/n_prompts": float(stats.n_prompts),
+        "rollout/n_active": float(stats.n_active),
+        "rollout/n_mixed": float(stats.n_mixed),
+        "rollout/n_mixed_anchors": float(stats.n_mixed_anchors),
+        "rollout/leaf_reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+        "rollout/waves": float(len(result.waves)),
+        "budget/leaves": float(result.spent.n_leaves),
+        "budget/tokens": float(result.spent.n_tokens),
+        "budget/tool_calls": float(result.spent.n_tool_calls),
+        "budget/carry": float(result.carry),
+        "perf/tokens_per_s": tokens_per_s,
+        "perf/rollout_s": rollout_s,
+        "perf/alloc_s": result.alloc_s,
+    }
