@@ -73,6 +73,8 @@ class TreeTrainConfig:
     """Where `metrics.jsonl` and the predictor's checkpoints go (on the trainer's node)."""
     seed: int = 0
     """Seeds the allocator, the engine's sampling seeds and the predictor."""
+    check_only: bool = False
+    """Parse and check every flag (ours and OpenRLHF's), print the run's size, start nothing."""
 
     def __post_init__(self) -> None:
         if self.currency == "tokens" and (self.tokens_per_step is None or self.tokens_per_step < 1):

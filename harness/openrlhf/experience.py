@@ -20,8 +20,9 @@ overwrite it.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INFO_KEYS",
+    "batch_unit",
     "experience_from_tokens",
     "experiences_from_leaves",
     "leaf_truncated",
@@ -241,3 +243,27 @@ def token_advantages_of_episode(
         advantages=np.zeros(n),
         logprobs=np.asarray(logprobs, dtype=np.float64),
     )
+
+
+def batch_unit(args: Any) -> int:
+    """The sample count a step must be a multiple of, for OpenRLHF to split it evenly.
+
+    Rollout micro-batches (`--rollout.micro_batch_size`) are dealt in equal chunks to the
+    effective actor ranks, and each rank steps its optimizer every `--train.batch_size` samples
+    (globally); both must come out whole on every rank, or ranks disagree on the number of
+    DeepSpeed steps.
+
+    >>> from types import SimpleNamespace as NS
+    >>> args = NS(train=NS(batch_size=8), rollout=NS(micro_batch_size=2),
+    ...           actor=NS(num_nodes=1, num_gpus_per_node=4), ds=NS(ring_attn_size=1,
+    ...           tensor_parallel_size=1))
+    >>> batch_unit(args)
+    8
+    """
+    ranks = (
+        args.actor.num_nodes
+        * args.actor.num_gpus_per_node
+        // args.ds.ring_attn_size
+        // args.ds.tensor_parallel_size
+    )
+    return math.lcm(args.train.batch_size, args.rollout.micro_batch_size * max(ranks, 1))

@@ -43,6 +43,7 @@ __all__ = [
     "main",
     "parse_args",
     "parse_openrlhf_args",
+    "run_size",
     "split_argv",
 ]
 
@@ -215,8 +216,9 @@ def check_openrlhf_args(args: Any) -> None:
 def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
     """Both halves of the command line: trace-rl's config and OpenRLHF's checked flags.
 
-    Flags before `--` that tyro does not know are passed on to OpenRLHF too, so a misplaced
-    OpenRLHF flag still works and a typo gets OpenRLHF's "unrecognized arguments" error.
+    Flags before `--` that tyro does not know are OpenRLHF's too, applied after the ones that
+    follow `--` (argparse keeps the last value), so they override a launch script's settings;
+    a typo gets OpenRLHF's "unrecognized arguments" error.
 
     Raises:
         HarnessError: see `parse_openrlhf_args` and `check_openrlhf_args`.
@@ -224,7 +226,7 @@ def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
     """
     ours, theirs = split_argv(argv)
     config, unknown = tyro.cli(TreeTrainConfig, args=ours, return_unknown_args=True, prog=PROG)
-    args = parse_openrlhf_args([*unknown, *theirs])
+    args = parse_openrlhf_args([*theirs, *unknown])
     check_openrlhf_args(args)
     return config, args
 
@@ -336,5 +338,28 @@ def main(argv: Sequence[str]) -> int:
         HarnessError: unusable flags, or OpenRLHF missing or at another version.
     """
     config, args = parse_args(argv)
-    launch(config, args)
+    print(run_size(config, args), flush=True)  # the numbers that size a run, before it starts
+    if not config.check_only:
+        launch(config, args)
     return 0
+
+
+def run_size(config: TreeTrainConfig, args: Any) -> str:
+    """One paragraph with the numbers that size a run (nanoGPT prints its own; so do we)."""
+    from harness.openrlhf.experience import batch_unit  # torch: only once flags are parsed
+
+    leaves = args.rollout.batch_size * args.rollout.n_samples_per_prompt
+    budget = (
+        f"{leaves} leaves" if config.currency == "leaves" else f"{config.tokens_per_step} tokens"
+    )
+    return (
+        f"{args.actor.model_name_or_path}: {type(config.alloc).__name__} allocator, "
+        f"{config.advantage} advantages, {args.rollout.batch_size} prompts and {budget} per step, "
+        f"samples padded to a multiple of {batch_unit(args)}; "
+        f"actor {args.actor.num_nodes}x{args.actor.num_gpus_per_node} GPUs "
+        f"(ZeRO-{args.ds.zero_stage}), "
+        f"{args.vllm.num_engines} vLLM engines x TP{args.vllm.tensor_parallel_size}"
+        f"{' (prefix caching)' if args.vllm.enable_prefix_caching else ''}; "
+        f"{args.rollout.max_new_tokens} tokens per action, {args.data.max_len} per episode; "
+        f"retriever {config.retriever}"
+    )

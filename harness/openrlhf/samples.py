@@ -31,7 +31,6 @@ import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import math  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -51,6 +50,7 @@ from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
+    batch_unit,
     experience_from_tokens,
     experiences_from_leaves,
     pad_to_multiple,
@@ -61,13 +61,14 @@ from trace_alloc import (  # noqa: E402
     BudgetLimit,
     HashedNgramFeaturizer,
     MLPPredictor,
+    Spend,
     StepResult,
     calibration_report,
     training_examples,
     tree_advantages,
 )
 
-__all__ = ["STATE_SCHEMA_VERSION", "ChatTemplateCodec", "TreeSamplesGenerator", "batch_unit"]
+__all__ = ["STATE_SCHEMA_VERSION", "ChatTemplateCodec", "TreeSamplesGenerator"]
 
 log = logging.getLogger(__name__)
 
@@ -90,30 +91,6 @@ class ChatTemplateCodec(EpisodeCodec):
             [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
         )
         return self.encode_text(str(text))
-
-
-def batch_unit(args: Any) -> int:
-    """The sample count a step must be a multiple of, for OpenRLHF to split it evenly.
-
-    Rollout micro-batches (`--rollout.micro_batch_size`) are dealt in equal chunks to the
-    effective actor ranks, and each rank steps its optimizer every `--train.batch_size` samples
-    (globally); both must come out whole on every rank, or ranks disagree on the number of
-    DeepSpeed steps.
-
-    >>> from types import SimpleNamespace as NS
-    >>> args = NS(train=NS(batch_size=8), rollout=NS(micro_batch_size=2),
-    ...           actor=NS(num_nodes=1, num_gpus_per_node=4), ds=NS(ring_attn_size=1,
-    ...           tensor_parallel_size=1))
-    >>> batch_unit(args)
-    8
-    """
-    ranks = (
-        args.actor.num_nodes
-        * args.actor.num_gpus_per_node
-        // args.ds.ring_attn_size
-        // args.ds.tensor_parallel_size
-    )
-    return math.lcm(args.train.batch_size, args.rollout.micro_batch_size * max(ranks, 1))
 
 
 class TreeSamplesGenerator(SamplesGenerator):
@@ -197,6 +174,8 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.tokens_per_leaf = float(args.rollout.max_new_tokens)  # first-wave guess (tokens)
         self.last_metrics: dict[str, float] = {}
         """Tree metrics of the last `generate_samples` (effective ratio, budget, predictor)."""
+        self.spent = Spend()
+        """Budget spent since the start of the run (saved with the tree state)."""
         self.last_step: StepResult | None = None
         self._dataloader_iter: Iterator[Any] | None = None
         log.info(
@@ -341,6 +320,10 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.last_metrics.update(predictor_metrics)
         self.last_metrics["rollout/n_train_leaves"] = float(len(experiences))
         self.last_metrics["rollout/n_fillers"] = float(len(padded) - len(experiences))
+        self.spent = self.spent + result.spent
+        self.last_metrics["budget/total_leaves"] = float(self.spent.n_leaves)
+        self.last_metrics["budget/total_tokens"] = float(self.spent.n_tokens)
+        self.last_metrics["budget/total_tool_calls"] = float(self.spent.n_tool_calls)
         return padded
 
     def _update_predictor(self, result: StepResult) -> dict[str, float]:
@@ -368,6 +351,7 @@ class TreeSamplesGenerator(SamplesGenerator):
             "tokens_per_leaf": self.tokens_per_leaf,
             "rng": self.rng.bit_generator.state,
             "engine_rng": self.engine.rng_state(),
+            "spent": dataclasses.asdict(self.spent),
         }
         (directory / "state.json").write_text(json.dumps(state, indent=1))
 
@@ -396,6 +380,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.tokens_per_leaf = float(state["tokens_per_leaf"])
         self.rng.bit_generator.state = state["rng"]
         self.engine.set_rng_state(state["engine_rng"])
+        self.spent = Spend(**state["spent"])
 
     # --- tasks ---
 
@@ -447,18 +432,38 @@ def _draw(iterator: Iterator[Any], n: int) -> tuple[list[str], list[Any], bool]:
 
 
 def _step_metrics(result: StepResult, tokens_per_s: float, rollout_s: float) -> dict[str, float]:
-    """CleanRL-style metrics of one tree step (STYLE §2.6)."""
+    """CleanRL-style metrics of one tree step, under the keys `tracerl plot` draws (STYLE §2.6)."""
     stats = result.stats
-    rewards = [
-        node.reward for tree in result.trees for node in tree.nodes if node.reward is not None
-    ]
+    rewards, ems, lengths, searches, turns = [], [], [], [], []
+    n_actions = n_valid = 0
+    for tree in result.trees:
+        for node in tree.nodes[1:]:  # every generated turn once
+            assert node.turn is not None
+            n_actions += 1
+            n_valid += bool(node.turn.info.get("valid_action", False))
+        for leaf in tree.leaves():
+            path = [tree.nodes[n].turn for n in tree.path(leaf)[1:]]
+            rewards.append(tree.nodes[leaf].reward)
+            ems.append(float(path[-1].info.get("em", 0.0)))
+            lengths.append(sum(t.n_tokens for t in path))
+            searches.append(sum(t.n_tool_calls for t in path))
+            turns.append(len(path))
+
+    def mean(values: list[Any]) -> float:
+        return float(np.mean(values)) if values else float("nan")
+
     return {
+        "rollout/reward": mean(rewards),
+        "rollout/accuracy": mean(ems),
         "rollout/effective_ratio": stats.effective_ratio,
-        "rollout/n_prompts": float(stats.n_prompts),
-        "rollout/n_active": float(stats.n_active),
-        "rollout/n_mixed": float(stats.n_mixed),
-        "rollout/n_mixed_anchors": float(stats.n_mixed_anchors),
-        "rollout/leaf_reward_mean": float(np.mean(rewards)) if rewards else 0.0,
+        "rollout/n_active_prompts": float(stats.n_active),
+        "rollout/n_mixed_prompts": float(stats.n_mixed),
+        "rollout/mixed_anchors": float(stats.n_mixed_anchors),
+        "rollout/mixed_prefix_anchors": float(stats.n_mixed_prefix_anchors),
+        "rollout/response_length": mean(lengths),
+        "rollout/turns_per_episode": mean(turns),
+        "rollout/searches_per_episode": mean(searches),
+        "rollout/valid_action_rate": n_valid / n_actions if n_actions else float("nan"),
         "rollout/waves": float(len(result.waves)),
         "budget/leaves": float(result.spent.n_leaves),
         "budget/tokens": float(result.spent.n_tokens),

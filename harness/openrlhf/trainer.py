@@ -176,6 +176,10 @@ class TreePPOTrainerBase(BasePPOTrainer):
         status.update(self.samples_generator.last_metrics)
         status["timing/generation"] = generation_s
         status["timing/step_total"] = sum(v for k, v in status.items() if k.startswith("timing/"))
+        # the names `tracerl plot` draws (harness.metrics_log.PANELS)
+        status["perf/step_s"] = status["timing/step_total"]
+        if "policy_loss" in status:
+            status["loss/policy"] = status["policy_loss"]
         return global_step, status
 
     def _log(self, global_step: int, status: dict[str, Any]) -> None:
@@ -189,7 +193,7 @@ class TreePPOTrainerBase(BasePPOTrainer):
             global_step,
             status.get("rollout/effective_ratio", float("nan")),
             int(status.get("budget/leaves", 0)),
-            status.get("rollout/reward_mean", float("nan")),
+            status.get("rollout/reward", float("nan")),
         )
 
     def _save_and_evaluate(

@@ -26,7 +26,7 @@ from harness.tiny_policy.model import ModelConfig, build_model, save_policy
 from harness.tiny_policy.tokenizer import train_tokenizer
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
-from trace_alloc import Trace, tree_advantages
+from trace_alloc import Spend, Trace, tree_advantages
 
 pytestmark = pytest.mark.slow  # shares the Ray engines (about a minute to start, once)
 
@@ -245,7 +245,8 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
     for record in records:
         assert 0.0 <= record["rollout/effective_ratio"] <= 1.0
         assert record["budget/leaves"] <= 8 and record["budget/tokens"] > 0
-        assert {"predictor/brier", "policy_loss", "rollout/reward_mean"} <= set(record)
+        assert {"predictor/brier", "loss/policy", "rollout/reward", "perf/step_s"} <= set(record)
+    assert records[-1]["budget/total_leaves"] == sum(r["budget/leaves"] for r in records)
     assert (trainer.state_dir(2) / "predictor.npz").is_file()
 
     # evaluation groups n independent episodes per prompt, as OpenRLHF's metrics expect
@@ -279,10 +280,10 @@ def test_tree_state_round_trips_through_its_checkpoint_files(
     a = TreeSamplesGenerator(strategy, loader, None, tokenizer, fake_engines, config=config)
     b = TreeSamplesGenerator(strategy, loader, None, tokenizer, fake_engines, config=config)
     a.predictor.update(["Q: acme", "Q: zed"], np.array([1.0, 0.0]))
-    a.carry, a.tokens_per_leaf = -3.0, 41.5
+    a.carry, a.tokens_per_leaf, a.spent = -3.0, 41.5, Spend(n_leaves=9, n_tokens=99)
     a.rng.integers(10, size=5)
     a.save_state(tmp_path / "state")
     b.load_state(tmp_path / "state")
-    assert b.carry == -3.0 and b.tokens_per_leaf == 41.5
+    assert b.carry == -3.0 and b.tokens_per_leaf == 41.5 and b.spent == a.spent
     assert b.predictor.predict(["Q: acme"]) == pytest.approx(a.predictor.predict(["Q: acme"]))
     assert b.rng.integers(1 << 30) == a.rng.integers(1 << 30)

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# TRACE on Qwen3-8B, trained on HotpotQA, on 8 GPUs (one node) or more (multi-node through
+# `ray job submit`), with OpenRLHF 0.11.2 underneath: `tracerl train --backend openrlhf`.
+# See docs/openrlhf.md. What has and has not been run on GPUs is listed there; this script's
+# flags are checked on CPU by tests/harness/openrlhf/test_launch_scripts.py (--check-only).
+#
+# Before the first run, on the machine that launches (the head node):
+#   1. install:   pip install -e '.[gpu]'        (every node; it pins openrlhf==0.11.2)
+#   2. data:      python scripts/prepare_hotpotqa.py --out data/hotpotqa
+#                 (FlashRAG's HotpotQA train/dev from the hub, or --hub-path / --train-file)
+#   3. retriever: a Search-R1 wiki-18 e5 server (Search-R1's retrieval_launch.sh) on port 8000,
+#                 or `tracerl serve-retriever --index DIR --host 0.0.0.0 --port 8000`. It must be
+#                 reachable from every node: the trainer actor runs where Ray places it.
+#
+# Single node, 8 GPUs:
+#   bash scripts/train_qwen3_8b_hotpotqa.sh
+# Check every flag and print the run's size without starting anything (works on CPU):
+#   bash scripts/train_qwen3_8b_hotpotqa.sh --check-only
+# Multi-node (here 2 x 8 GPUs): `ray start --head` on the head, `ray start --address HEAD:6379`
+# on the others, then from the repository root on the head:
+#   NODES=2 SUBMIT_ADDRESS=http://HEAD:8265 RETRIEVER=http://HEAD:8000 \
+#       bash scripts/train_qwen3_8b_hotpotqa.sh
+# Baselines at the same budget (equal leaves per step), e.g. GRPO:
+#   ALLOC_ARGS="alloc:uniform --alloc.group-size 12" RUN=runs/qwen3-8b-hotpotqa-grpo \
+#       bash scripts/train_qwen3_8b_hotpotqa.sh
+# Resume after a crash: add `--ckpt.load_enable` (same RUN and CKPT).
+#
+# Arguments given to this script go before `--`: trace-rl flags (`tracerl train --backend
+# openrlhf --help`), or OpenRLHF flags, which then override the ones below.
+set -euo pipefail
+
+MODEL=${MODEL:-Qwen/Qwen3-8B}
+DATA=${DATA:-data/hotpotqa}
+RETRIEVER=${RETRIEVER:-http://127.0.0.1:8000}
+RUN=${RUN:-runs/qwen3-8b-hotpotqa-trace}
+CKPT=${CKPT:-ckpt/qwen3-8b-hotpotqa-trace}
+NODES=${NODES:-1}
+GPUS_PER_NODE=${GPUS_PER_NODE:-8}
+TP=${TP:-2}                                  # vLLM tensor parallelism per engine
+ENGINES=$((NODES * GPUS_PER_NODE / TP))      # colocated: one engine per TP GPUs
+# Budget per step: PROMPTS x LEAVES_PER_PROMPT leaves (GRPO's cost at these flags). With
+# 2 continuations per bare rollout, TRACE spends a third on roots (1024) and the rest on
+# prefixes: our reading of the paper's "(1024, 2)" main setting (docs/openrlhf.md).
+PROMPTS=${PROMPTS:-256}
+LEAVES_PER_PROMPT=${LEAVES_PER_PROMPT:-12}
+ALLOC_ARGS=${ALLOC_ARGS:-"alloc:trace --alloc.continuations-per-rollout 2 --alloc.max-per-prompt 16"}
+
+TRACE_ARGS=(
+  --retriever "$RETRIEVER"
+  --advantage tree_grpo
+  --env.max-turns 4 --env.top-k 3 --env.reward em
+  --run-dir "$RUN"
+  --seed 0
+)
+OPENRLHF_ARGS=(
+  --actor.model_name_or_path "$MODEL"
+  --data.prompt_dataset "$DATA/train.jsonl" --data.apply_chat_template
+  --eval.dataset "$DATA/eval.jsonl" --eval.steps 10 --eval.n_samples_per_prompt 1
+  --eval.temperature 0
+  --data.max_len 8192 --rollout.max_new_tokens 1024
+  --rollout.temperature 1.0 --rollout.top_p 1.0
+  --rollout.batch_size "$PROMPTS" --rollout.n_samples_per_prompt "$LEAVES_PER_PROMPT"
+  --rollout.micro_batch_size 4
+  --train.batch_size 512 --train.micro_batch_size 2 --train.max_epochs 1
+  --train.num_episodes 1
+  --actor.num_nodes "$NODES" --actor.num_gpus_per_node "$GPUS_PER_NODE"
+  --ref.num_nodes "$NODES" --ref.num_gpus_per_node "$GPUS_PER_NODE"
+  --train.colocate_all --vllm.enable_sleep --ds.enable_sleep
+  --vllm.num_engines "$ENGINES" --vllm.tensor_parallel_size "$TP"
+  --vllm.gpu_memory_utilization 0.6 --vllm.enable_prefix_caching --vllm.sync_backend nccl
+  --ds.zero_stage 3 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
+  --actor.adam.lr 1e-6 --actor.eps_clip 0.2
+  --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3
+  --ckpt.path "$CKPT" --ckpt.save_steps 20 --ckpt.save_hf
+  --logger.tensorboard_dir "$RUN/tensorboard"
+)
+
+# shellcheck disable=SC2206  # ALLOC_ARGS is a word list on purpose
+COMMAND=(tracerl train --backend openrlhf "${TRACE_ARGS[@]}" "$@" $ALLOC_ARGS -- "${OPENRLHF_ARGS[@]}")
+if [[ -n "${SUBMIT_ADDRESS:-}" ]]; then
+  # The entrypoint runs on the head node; DATA, RUN and CKPT must be paths every node can read
+  # and write (a shared filesystem), because Ray places the trainer and the model actors.
+  COMMAND=(ray job submit --address="$SUBMIT_ADDRESS" -- "${COMMAND[@]}")
+fi
+if [[ -n "${PRINT_ONLY:-}" ]]; then
+  printf '%q ' "${COMMAND[@]}"
+  echo
+  exit 0
+fi
+exec "${COMMAND[@]}"
