@@ -6,7 +6,9 @@ in a subprocess: with the default micro-batching, and with `--batching.max-batch
 which makes one encoder call and one search call per request, as a synchronous server does.
 `--concurrency` asyncio clients, sharing one HTTPRetriever connection pool in this process,
 send one-query requests until `--n-requests` are done. Reported: throughput (requests per
-second over the timed run), and p50/p99 latency per request, for both modes.
+second over the timed run), and p50/p99 latency per request, for both modes. The same two
+configurations of `retrieval.batching.MicroBatcher` are also timed in this process without
+HTTP (`in_process`), which separates the gain of batching from the cost of the HTTP path.
 
 Run: `python -m benchmarks.retrieval_server --json` (`--quick` for a smoke test).
 """
@@ -30,15 +32,16 @@ import numpy as np
 import tyro
 
 from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus, run_meta
-from retrieval import DenseRetriever, HTTPRetriever, SentenceEncoder
+from retrieval import DenseRetriever, HTTPRetriever, Retriever, SentenceEncoder
+from retrieval.batching import BatchingConfig, MicroBatcher
 
 
 @dataclass
 class Args:
     """Server batching benchmark options."""
 
-    n_docs: int = 2_000
-    """documents in the dense index (encoding time is the bulk of the set-up)"""
+    n_docs: int = 1_000
+    """documents in the dense index (query encoding, not search, dominates a request)"""
     n_requests: int = 3_000
     """timed requests per mode, one query each"""
     concurrency: int = 64
@@ -120,6 +123,33 @@ async def _load(url: str, queries: list[str], n_requests: int, concurrency: int)
     }
 
 
+async def _load_in_process(
+    retriever: Retriever,
+    config: BatchingConfig,
+    queries: list[str],
+    n_requests: int,
+    concurrency: int,
+) -> dict[str, Any]:
+    batcher = MicroBatcher(retriever, config)
+    await batcher.start()
+    n_sent = 0
+
+    async def client() -> None:
+        nonlocal n_sent
+        while n_sent < n_requests:
+            query = queries[n_sent % len(queries)]
+            n_sent += 1
+            await batcher.search([query], 3)
+
+    try:
+        start = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    finally:
+        await batcher.stop()
+    return {"throughput_rps": n_requests / elapsed, "n_batches": batcher.stats().n_batches}
+
+
 def _serve_and_load(index_dir: Path, extra: list[str], args: Args, queries: list[str]) -> Any:
     proc, url = start_server(index_dir, *extra)
     try:
@@ -135,9 +165,24 @@ def main(args: Args) -> dict[str, Any]:
     """Build a dense index, then load-test it served with and without micro-batching."""
     documents, queries, counts = bench_corpus(args.n_docs, args.data_dir)
     print(f"corpus: {len(documents):,} documents {counts}", file=sys.stderr)
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)  # the in-process run matches the servers
     with tempfile.TemporaryDirectory() as tmp:
         index_dir = Path(tmp) / "dense"
-        DenseRetriever.build(documents, SentenceEncoder(), progress=True).save(index_dir)
+        retriever = DenseRetriever.build(documents, SentenceEncoder(), progress=True)
+        retriever.save(index_dir)
+        in_process = {
+            mode: asyncio.run(
+                _load_in_process(retriever, config, queries, args.n_requests, args.concurrency)
+            )
+            for mode, config in (
+                ("batched", BatchingConfig()),
+                ("unbatched", BatchingConfig(max_batch_queries=1)),
+            )
+        }
+        print(f"in process: {in_process}", file=sys.stderr)
         threads = [] if args.torch_threads is None else ["--torch-threads", str(args.torch_threads)]
         batched = _serve_and_load(index_dir, threads, args, queries)
         print(f"batched: {batched}", file=sys.stderr)
@@ -150,6 +195,11 @@ def main(args: Args) -> dict[str, Any]:
         "p99_ms": batched["p99_ms"],
         "batched": batched,
         "unbatched": unbatched,
+        "in_process": {
+            **in_process,
+            "batched_over_unbatched_throughput": in_process["batched"]["throughput_rps"]
+            / in_process["unbatched"]["throughput_rps"],
+        },
         "n_documents": len(documents),
         "args": {k: str(v) for k, v in asdict(args).items()},
         "meta": run_meta(),
@@ -167,6 +217,13 @@ def print_table(result: dict[str, Any]) -> None:
             file=sys.stderr,
         )
     print(f"throughput ratio: {result['batched_over_unbatched_throughput']:.2f}x", file=sys.stderr)
+    in_process = result["in_process"]
+    print(
+        f"without HTTP (MicroBatcher in process): {in_process['batched']['throughput_rps']:.1f} "
+        f"vs {in_process['unbatched']['throughput_rps']:.1f} queries/s, "
+        f"{in_process['batched_over_unbatched_throughput']:.2f}x",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":
