@@ -8,17 +8,24 @@ the table adds no import edge between packages. Each package keeps its commands 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import tyro
 
 __all__ = ["COMMANDS", "main"]
 
 # name -> (entry point, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("benchmarks.demo:demo", "main job: world, tiny policy, TRACE training, before/after eval"),
+    "demo": (
+        "benchmarks.demo:demo",
+        "main job: world, tiny policy, TRACE training, before/after eval",
+    ),
     "demo-env": ("envs.cli:demo_env", "run the scripted agents on the default synthetic world"),
     "world": ("envs.cli:world", "generate a synthetic world and export its corpus and questions"),
     "index": ("retrieval.cli:index", "build or search a BM25 / dense index (`index build|search`)"),
@@ -73,6 +80,90 @@ def _setup_logging(level: int) -> None:
 
     handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler])
+
+
+def _split_backend(argv: list[str]) -> tuple[str, list[str]]:
+    """Take `--backend NAME` (or `--backend=NAME`) out of argv; the default is transformers."""
+    rest, backend, i = [], "transformers", 0
+    while i < len(argv):
+        if argv[i] == "--backend" and i + 1 < len(argv):
+            backend, i = argv[i + 1], i + 2
+        elif argv[i].startswith("--backend="):
+            backend, i = argv[i].split("=", 1)[1], i + 1
+        elif argv[i] == "--":  # everything after belongs to OpenRLHF's own parser
+            rest += argv[i:]
+            break
+        else:
+            rest.append(argv[i])
+            i += 1
+    return backend, rest
+
+
+def train(argv: list[str]) -> int:
+    """`tracerl train`: CPU RL with tree rollouts, or `--backend openrlhf` on GPUs.
+
+    `--resume` continues the run in `--run-dir` from its latest checkpoint with the config saved
+    there; flags given on the command line override it (e.g. a larger `--steps`).
+    """
+    backend, argv = _split_backend(list(argv))
+    if backend == "openrlhf":
+        from harness.openrlhf.launcher import main as launch_openrlhf
+
+        return launch_openrlhf(argv)
+    if backend != "transformers":
+        raise SystemExit(f"tracerl train: --backend {backend!r}: choose transformers or openrlhf")
+    from harness.trainer import TrainConfig, load_config
+    from harness.trainer import train as run_training
+
+    config = tyro.cli(TrainConfig, args=argv, prog="tracerl train")
+    if config.resume:
+        saved = dataclasses.replace(load_config(config.run_dir), resume=True)
+        config = tyro.cli(TrainConfig, args=argv, prog="tracerl train", default=saved)
+    summary = run_training(config)
+    final = summary.final
+    log.info(
+        "finished step %d in %.0f s: reward %.3f, effective ratio %.2f; policy in %s",
+        summary.steps,
+        summary.wall_s,
+        final.get("rollout/reward", float("nan")),
+        final.get("rollout/effective_ratio", float("nan")),
+        summary.policy_dir,
+    )
+    return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class PlotConfig:
+    """`tracerl plot RUN_DIR`: draw a training run's curves into a PNG."""
+
+    run_dir: tyro.conf.Positional[Path]
+    """A `tracerl train` run directory."""
+    out: Path | None = None
+    """Image path (default RUN_DIR/curves.png)."""
+
+
+def plot(argv: list[str]) -> int:
+    """`tracerl plot RUN_DIR`: the curves of a training run (matplotlib PNG)."""
+    from harness.metrics_log import plot_run
+
+    config = tyro.cli(PlotConfig, args=argv, prog="tracerl plot")
+    path = plot_run(config.run_dir, config.out)
+    print(path)
+    return 0
+
+
+def init_model(argv: list[str]) -> int:
+    """`tracerl init-model`: train the tokenizer and warm-start the tiny policy (cached)."""
+    import tyro
+    from rich.console import Console
+
+    from harness.tiny_policy import InitModelArgs, summary_table
+    from harness.tiny_policy import init_model as build_policy
+
+    args = tyro.cli(InitModelArgs, args=argv, prog="tracerl init-model")
+    artifacts = build_policy(args.policy, args.run_dir, force=args.force, progress=args.progress)
+    Console().print(summary_table(artifacts))
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

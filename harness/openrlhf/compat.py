@@ -22,13 +22,23 @@ import importlib.util
 import logging
 import sys
 import types
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from harness.backends.base import BackendUnavailable
 
 if TYPE_CHECKING:
     import torch
     import torch.distributed
 
-__all__ = ["SHIM_VERSION", "ensure_flash_attn", "is_flash_attn_shim"]
+__all__ = [
+    "SHIM_VERSION",
+    "OpenRLHFLosses",
+    "ensure_flash_attn",
+    "is_flash_attn_shim",
+    "openrlhf_losses",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +78,35 @@ def ensure_flash_attn() -> bool:
         sys.modules[module.__name__] = module
     log.info("flash_attn is not installed: using trace-rl's pure-torch stand-in (%s)", SHIM_VERSION)
     return True
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRLHFLosses:
+    """The pieces of `openrlhf.models` that the CPU trainer uses, unchanged."""
+
+    PolicyLoss: type[Any]
+    """`openrlhf.models.loss.PolicyLoss` (0.11.2: forward returns 5 values)."""
+    compute_approx_kl: Callable[..., torch.Tensor]
+    compute_entropy: Callable[[torch.Tensor], torch.Tensor]
+    log_probs_from_logits: Callable[..., torch.Tensor]
+
+
+def openrlhf_losses() -> OpenRLHFLosses:
+    """Import OpenRLHF's policy loss and KL/entropy/log-prob helpers (the shim first, if needed).
+
+    Raises:
+        BackendUnavailable: OpenRLHF (or one of its light dependencies) is not installed.
+    """
+    ensure_flash_attn()
+    try:
+        from openrlhf.models.loss import PolicyLoss
+        from openrlhf.models.utils import compute_approx_kl, compute_entropy, log_probs_from_logits
+    except ImportError as err:
+        raise BackendUnavailable(
+            f"the trainer uses OpenRLHF's PolicyLoss, which failed to import ({err}). Install "
+            "`pip install --no-deps openrlhf==0.11.2` and `pip install 'trace-rl[train]'`"
+        ) from err
+    return OpenRLHFLosses(PolicyLoss, compute_approx_kl, compute_entropy, log_probs_from_logits)
 
 
 def is_flash_attn_shim() -> bool:

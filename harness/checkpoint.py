@@ -1,0 +1,178 @@
+"""Training checkpoints: written atomically, read back without unpickling anything but tensors.
+
+A checkpoint is one directory, `run_dir/checkpoints/step_000010/`:
+
+- `model.pt`: the policy's `state_dict` (torch's own format, loaded with `weights_only=True`);
+- `optimizer.pt`: the optimizer's state (same format and loading rule);
+- `predictor.npz`: the predictor's `state_dict` arrays (`allow_pickle=False`);
+- `rng.pt`: torch's CPU generator state (a uint8 tensor);
+- `state.json`: everything else as JSON with a `schema_version` (step, data cursor, budget
+  carry, the allocator's and the engine's generator states, python's `random` state, metrics
+  history, ...).
+
+The directory is first written under a temporary name and then renamed, and
+`checkpoints/latest.json` is replaced atomically after it, so a process killed at any moment
+leaves either the previous checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.errors import HarnessError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "CheckpointError",
+    "LoadedCheckpoint",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "save_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+"""Version of `state.json`; bumped on any change to its fields."""
+
+_LATEST = "latest.json"
+
+
+class CheckpointError(HarnessError, ValueError):
+    """A checkpoint is missing, incomplete, or from an incompatible version."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LoadedCheckpoint:
+    """What `load_checkpoint` read back."""
+
+    path: Path
+    step: int
+    model: dict[str, torch.Tensor]
+    optimizer: dict[str, Any]
+    predictor: dict[str, np.ndarray]
+    torch_rng: torch.Tensor
+    state: dict[str, Any]
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    *,
+    model: Mapping[str, torch.Tensor],
+    optimizer: Mapping[str, Any],
+    predictor: Mapping[str, np.ndarray],
+    state: Mapping[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write the checkpoint of `step` atomically and keep only the newest `keep` ones.
+
+    Args:
+        run_dir: The run's directory (checkpoints go under `run_dir/checkpoints`).
+        step: The last finished step.
+        model: The policy's state dict.
+        optimizer: The optimizer's state dict (tensors, numbers, lists, dicts).
+        predictor: The predictor's arrays.
+        state: JSON-safe trainer state.
+        keep: Checkpoints to keep (older ones are deleted after the new one is in place).
+
+    Returns:
+        The checkpoint directory.
+    """
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f".step_{step:06d}.tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a process killed while writing
+    tmp.mkdir()
+    torch.save(dict(model), tmp / "model.pt")
+    torch.save(dict(optimizer), tmp / "optimizer.pt")
+    torch.save(torch.get_rng_state(), tmp / "rng.pt")
+    np.savez(tmp / "predictor.npz", **{k: np.asarray(v) for k, v in predictor.items()})
+    record = {"schema_version": SCHEMA_VERSION, "step": step, **dict(state)}
+    (tmp / "state.json").write_text(json.dumps(record), encoding="utf-8")
+    for path in tmp.iterdir():
+        _fsync(path)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _write_atomic(root / _LATEST, json.dumps({"step": step, "path": final.name}))
+    for old in sorted(root.glob("step_*"))[: -max(keep, 1)]:
+        shutil.rmtree(old)
+    log.info("saved checkpoint step %d to %s", step, final)
+    return final
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run, or None if it has none.
+
+    Raises:
+        CheckpointError: `latest.json` names a directory that is missing.
+    """
+    pointer = run_dir / "checkpoints" / _LATEST
+    if not pointer.exists():
+        return None
+    try:
+        name = json.loads(pointer.read_text(encoding="utf-8"))["path"]
+    except (ValueError, KeyError) as err:
+        raise CheckpointError(f"{pointer} is not a checkpoint pointer: {err!r}") from err
+    path = pointer.parent / name
+    if not (path / "state.json").exists():
+        raise CheckpointError(f"{pointer} names {path}, which is missing or incomplete")
+    return path
+
+
+def load_checkpoint(path: Path) -> LoadedCheckpoint:
+    """Read a checkpoint directory written by `save_checkpoint`.
+
+    Raises:
+        CheckpointError: a file is missing, or `state.json` has another schema version.
+    """
+    try:
+        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+        model = torch.load(path / "model.pt", weights_only=True)
+        optimizer = torch.load(path / "optimizer.pt", weights_only=True)
+        torch_rng = torch.load(path / "rng.pt", weights_only=True)
+        with np.load(path / "predictor.npz", allow_pickle=False) as data:
+            predictor = {k: data[k] for k in data.files}
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+    if state.get("schema_version") != SCHEMA_VERSION:
+        raise CheckpointError(
+            f"checkpoint {path} has schema_version={state.get('schema_version')!r}; this trace-rl "
+            f"reads version {SCHEMA_VERSION}"
+        )
+    return LoadedCheckpoint(
+        path=path,
+        step=int(state["step"]),
+        model=model,
+        optimizer=optimizer,
+        predictor=predictor,
+        torch_rng=torch_rng,
+        state=state,
+    )
+
+
+def _fsync(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,260 @@
+"""The trainer's optimizer step, plain PyTorch or DeepSpeed ZeRO in one CPU process.
+
+Both wrappers take a loss that is already normalised over the whole step's batch (the trainer
+divides by the step's action-token count), accumulate gradients over micro-batches with
+`backward`, and apply one update with `step`:
+
+- `TorchOptimizer`: `torch.optim.AdamW` with gradient-norm clipping;
+- `DeepSpeedOptimizer`: the same AdamW as DeepSpeed's *client* optimizer, wrapped by
+  `deepspeed.initialize` with ZeRO stage 0-3, on the gloo backend with world size 1. A client
+  torch optimizer avoids the multi-minute JIT build of DeepSpeed's fused CPU Adam; DeepSpeed's
+  CPU accelerator still JIT-builds its shared-memory comm op on first use (about a minute on 2
+  cores, cached in `~/.cache/torch_extensions`; research/install.md, step 4).
+
+DeepSpeed reads its rendezvous from `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `LOCAL_RANK` and
+`WORLD_SIZE`; `DeepSpeedOptimizer` sets the ones that are unset to a one-process, loopback
+group (a free port on 127.0.0.1).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import torch
+
+from harness.backends.base import BackendUnavailable
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["DeepSpeedOptimizer", "OptimizerStep", "TorchOptimizer", "make_optimizer"]
+
+log = logging.getLogger(__name__)
+
+
+class OptimizerStep(Protocol):
+    """Accumulate gradients, then update: what the trainer needs from an optimizer."""
+
+    model: nn.Module
+    """The module to call forward on (DeepSpeed's engine, or the model itself)."""
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate the gradients of one micro-batch's share of the loss."""
+        ...
+
+    def step(self, lr: float) -> float:
+        """Apply the accumulated gradients at learning rate `lr`; returns the gradient norm."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizer state (tensors, numbers, lists and dicts only)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore `state_dict` output."""
+        ...
+
+
+def _adamw(
+    model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float
+) -> torch.optim.AdamW:
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+class TorchOptimizer:
+    """AdamW with gradient-norm clipping.
+
+    Args:
+        model: The policy.
+        lr: Initial learning rate (`step` sets it each update).
+        betas: Adam's betas.
+        weight_decay: Decoupled weight decay on matrices (not on norms and biases).
+        grad_clip: Clip the global gradient norm to this (0 disables).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+    ) -> None:
+        self.model = model
+        self.optimizer = _adamw(model, lr, betas, weight_decay)
+        self.grad_clip = grad_clip
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """`loss.backward()`: gradients add up over micro-batches."""
+        loss.backward()
+
+    def step(self, lr: float) -> float:
+        """Clip, update, zero the gradients; returns the norm before clipping."""
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self.grad_clip > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
+        else:
+            norm = float(torch.linalg.vector_norm(torch.stack([_norm(p) for p in params])))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def state_dict(self) -> dict[str, Any]:
+        """AdamW's state dict."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore AdamW's state dict."""
+        self.optimizer.load_state_dict(state)
+
+
+def _norm(p: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(()) if p.grad is None else torch.linalg.vector_norm(p.grad.detach())
+
+
+class DeepSpeedOptimizer:
+    """AdamW wrapped by a DeepSpeed ZeRO engine (stage 0-3), one process, gloo.
+
+    Gradient accumulation is driven here: every micro-batch but the step's last runs with the
+    engine's accumulation boundary off, the last with it on, then one `engine.step()` (the
+    documented `set_gradient_accumulation_boundary` pattern), so a step may have any number of
+    micro-batches (a tree step's leaf count varies).
+
+    Args:
+        model: The policy (the engine wraps it; call `self.model` for forward passes).
+        zero_stage: ZeRO stage, 0 to 3.
+        lr: Initial learning rate.
+        betas: Adam's betas.
+        weight_decay: Weight decay on matrices.
+        grad_clip: DeepSpeed's `gradient_clipping` (0 disables).
+
+    Raises:
+        BackendUnavailable: deepspeed is not installed (the `train` extra).
+        ValueError: a stage outside 0-3.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        zero_stage: int,
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.95),
+        weight_decay: float = 0.0,
+        grad_clip: float = 1.0,
+    ) -> None:
+        if zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage={zero_stage}: DeepSpeed ZeRO has stages 0 to 3")
+        try:
+            import deepspeed
+        except ImportError as err:
+            raise BackendUnavailable(
+                "--optim.backend deepspeed needs deepspeed: pip install 'trace-rl[train]' "
+                "(DS_BUILD_OPS=0 keeps the install from compiling CUDA ops)"
+            ) from err
+        _single_process_rendezvous()
+        if not torch.distributed.is_initialized():
+            deepspeed.init_distributed(dist_backend="gloo")
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": grad_clip,
+            "zero_optimization": {"stage": zero_stage},
+            "bf16": {"enabled": False},
+            "fp16": {"enabled": False},
+            "steps_per_print": 1 << 30,
+            "wall_clock_breakdown": False,
+        }
+        optimizer = _adamw(model, lr, betas, weight_decay)
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=config
+        )
+        self.engine = engine
+        self.model = engine
+        self.zero_stage = zero_stage
+        self._ds_optimizer = ds_optimizer
+        self._pending = 0
+        log.info("DeepSpeed ZeRO-%d engine ready (gloo, world size 1)", zero_stage)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Accumulate: the boundary is set only by `step`, so nothing is reduced or applied."""
+        self.engine.set_gradient_accumulation_boundary(False)
+        self.engine.backward(loss, scale_wrt_gas=False)
+        self._pending += 1
+
+    def step(self, lr: float) -> float:
+        """Reduce and apply the accumulated gradients; returns DeepSpeed's gradient norm."""
+        if self._pending == 0:
+            raise RuntimeError("step() without a backward() since the last step")
+        self.engine.set_gradient_accumulation_boundary(True)
+        for group in self._ds_optimizer.param_groups:
+            group["lr"] = lr
+        self.engine.step()
+        self.engine.zero_grad()
+        self._pending = 0
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The ZeRO optimizer's state dict."""
+        return self._ds_optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the ZeRO optimizer's state dict."""
+        self._ds_optimizer.load_state_dict(state)
+
+
+def _single_process_rendezvous() -> None:
+    """Point torch.distributed at a one-process group on loopback, unless one is set up."""
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("WORLD_SIZE", "1")
+
+
+def make_optimizer(
+    model: nn.Module,
+    *,
+    backend: Literal["torch", "deepspeed"],
+    zero_stage: int = 0,
+    lr: float,
+    betas: tuple[float, float] = (0.9, 0.95),
+    weight_decay: float = 0.0,
+    grad_clip: float = 1.0,
+) -> OptimizerStep:
+    """The optimizer wrapper a trainer config names.
+
+    Raises:
+        ValueError: an unknown backend.
+    """
+    if backend == "torch":
+        return TorchOptimizer(
+            model, lr=lr, betas=betas, weight_decay=weight_decay, grad_clip=grad_clip
+        )
+    if backend == "deepspeed":
+        return DeepSpeedOptimizer(
+            model,
+            zero_stage=zero_stage,
+            lr=lr,
+            betas=betas,
+            weight_decay=weight_decay,
+            grad_clip=grad_clip,
+        )
+    raise ValueError(f"optim backend {backend!r}: choose 'torch' or 'deepspeed'")

@@ -1,0 +1,389 @@
+"""The CPU trainer: config round trips, the data cursor, the policy update, logs, plots, resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from envs import World, WorldConfig
+from harness.metrics_log import plot_run, read_metrics
+from harness.tiny_policy import EnvSettings
+from harness.trainer import (
+    AllocConfig,
+    BudgetConfig,
+    DataCursor,
+    EvalConfig,
+    OptimConfig,
+    ResumeError,
+    RolloutConfig,
+    TaskConfig,
+    TrainConfig,
+    _update,
+    config_from_dict,
+    load_config,
+    train,
+)
+
+pytest.importorskip("openrlhf")
+
+# a world of 9 two-hop questions and short observations: a policy for it trains in seconds
+WORLD = WorldConfig(
+    n_countries=2,
+    n_cities=4,
+    n_people=30,
+    n_films=3,
+    n_books=2,
+    n_companies=2,
+    n_universities=1,
+    n_distractors=2,
+    questions_per_kind=1,
+    sentences_per_doc=1,
+    max_hops=2,
+)
+ENV = EnvSettings(max_turns=3, top_k=1, max_doc_chars=100)
+
+
+@pytest.fixture(scope="module")
+def policy_dir(tmp_path_factory) -> Path:
+    """A tiny policy fitted to noisy oracle episodes, wrong answers included.
+
+    It imitates the oracle's mistakes too, so its samples mix right and wrong answers: the
+    contrast RL needs, in about a minute of CPU.
+    """
+    from harness.episodes import EpisodeCodec
+    from harness.tiny_policy.demos import collect_demos, encode_demo
+    from harness.tiny_policy.model import ModelConfig, build_model, save_policy
+    from harness.tiny_policy.tokenizer import train_tokenizer
+
+    world = World.generate(0, WORLD)
+    demos = collect_demos(world, list(world.tasks), ENV, epsilon=0.5, n_variants=4)
+    tokenizer = train_tokenizer([d.text for d in demos], vocab_size=1000)
+    encoded = [encode_demo(d, EpisodeCodec(tokenizer)) for d in demos]
+    width = max(len(e.token_ids) for e in encoded)
+    ids = torch.full((len(encoded), width), tokenizer.pad_token_id)  # (N, T)
+    weights = torch.zeros((len(encoded), width))  # (N, T)
+    for i, e in enumerate(encoded):
+        ids[i, : len(e.token_ids)] = torch.tensor(e.token_ids)
+        weights[i, : len(e.token_ids)] = torch.tensor([1.0 if a else 0.05 for a in e.action_mask])
+    config = ModelConfig(
+        hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128
+    )
+    model = build_model(config, tokenizer)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: one thread is faster on a shared 2-core machine
+    for _ in range(80):
+        logits = model(input_ids=ids).logits[:, :-1]  # (N, T-1, V)
+        nll = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), ids[:, 1:], reduction="none"
+        )
+        loss = (nll * weights[:, 1:]).sum() / weights[:, 1:].sum()
+        optim.zero_grad()
+        loss.backward()
+        optim.step()
+    torch.set_num_threads(threads)
+    return save_policy(model.eval(), tokenizer, tmp_path_factory.mktemp("policy"))
+
+
+def small_config(run_dir: Path, policy: Path, **overrides) -> TrainConfig:
+    base = TrainConfig(
+        run_dir=run_dir,
+        policy=policy,
+        steps=2,
+        checkpoint_every=1,
+        progress=False,
+        tensorboard=False,
+        torch_threads=1,
+        task=TaskConfig(world=WORLD, env=ENV, train_split="all", eval_split="test"),
+        alloc=AllocConfig(name="trace", continuations_per_rollout=1, explore_frac=0.0),
+        budget=BudgetConfig(per_step=16, pool_size=4),
+        rollout=RolloutConfig(max_new_tokens=24, max_total_tokens=512),
+        optim=OptimConfig(lr=1e-3, micro_batch_size=8),
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+# --- config ---------------------------------------------------------------------------------
+
+
+def test_config_survives_its_json_round_trip():
+    config = small_config(Path("runs/x"), Path("p"), eval=EvalConfig(every=3))
+    again = config_from_dict(TrainConfig, json.loads(json.dumps(config.to_json())))
+    assert again == config
+
+
+def test_a_knob_of_another_allocator_is_an_error_not_a_silent_no_op():
+    with pytest.raises(ValueError, match="does not apply to allocator 'uniform'"):
+        AllocConfig(name="uniform", continuations_per_rollout=2).build()
+    assert AllocConfig(name="uniform", group_size=4).build().group_size == 4
+    with pytest.raises(ValueError, match="batch-size"):
+        TrainConfig(alloc=AllocConfig(name="trace", batch_size=3))
+
+
+def test_the_data_cursor_is_seeded_distinct_and_resumable():
+    ids = tuple(f"q{i}" for i in range(10))
+    a = DataCursor(ids, seed=1)
+    pools = [a.take(4) for _ in range(4)]
+    assert all(len(set(p)) == 4 for p in pools)
+    assert len(set(pools[0] + pools[1])) == 8  # no repeat within an epoch
+    # two pools fit epoch 0; the third would straddle the boundary, so it opens epoch 1
+    assert (a.epoch, a.position) == (1, 8)
+    assert pools[0] != list(ids[:4])  # shuffled
+    b = DataCursor(ids, seed=1)
+    b.take(4)
+    c = DataCursor(ids, seed=1, epoch=b.epoch, position=b.position)
+    assert [c.take(4) for _ in range(3)] == pools[1:]
+    assert DataCursor(ids, seed=2).take(4) != DataCursor(ids, seed=1).take(4)
+
+
+# --- the update -------------------------------------------------------------------------------
+
+
+class _Leaf:
+    def __init__(self, ids, mask, adv):
+        self.token_ids = np.asarray(ids, dtype=np.int64)
+        self.action_mask = np.asarray(mask, dtype=bool)
+        self.advantages = np.asarray(adv, dtype=np.float64)
+        self.logprobs = np.zeros(len(ids))
+
+
+def _tiny_model():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=64,
+    )
+    return Qwen3ForCausalLM(config).float()
+
+
+def _leaves():
+    # token 7 follows an action prefix with a positive advantage; observation tokens (9) are
+    # masked; a second leaf pushes token 8 down
+    return [
+        _Leaf([1, 2, 7, 9, 9, 7], [0, 0, 1, 0, 0, 1], [0, 0, 1.0, 0, 0, 1.0]),
+        _Leaf([1, 2, 8, 9], [0, 0, 1, 0], [0, 0, -1.0, 0]),
+        _Leaf([1, 3, 7, 9, 9], [0, 0, 1, 0, 0], [0, 0, 0.5, 0, 0]),
+    ]
+
+
+def _grads(micro_batch_size: int) -> dict[str, torch.Tensor]:
+    from harness.openrlhf.compat import openrlhf_losses
+
+    class Capture:  # an optimizer step that keeps the gradients instead of applying them
+        def __init__(self, model):
+            self.model = model
+
+        def backward(self, loss):
+            loss.backward()
+
+        def step(self, lr):
+            return 0.0
+
+    losses = openrlhf_losses()
+    model = _tiny_model()
+    config = small_config(
+        Path("x"), Path("p"), optim=OptimConfig(micro_batch_size=micro_batch_size)
+    )
+    metrics = _update(
+        Capture(model), None, losses.PolicyLoss(), losses, _leaves(), config, pad_id=0, lr=1e-3
+    )
+    assert metrics["policy/n_train_tokens"] == 4
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_micro_batches_add_up_to_the_full_batch_gradient():
+    whole, split = _grads(8), _grads(1)
+    assert whole.keys() == split.keys()
+    for name in whole:
+        torch.testing.assert_close(whole[name], split[name], rtol=1e-4, atol=1e-7)
+
+
+def test_an_update_raises_the_log_prob_of_positively_advantaged_actions_only():
+    from harness.openrlhf.compat import openrlhf_losses
+    from harness.optimizers import TorchOptimizer
+
+    losses = openrlhf_losses()
+    model = _tiny_model()
+    ids = torch.tensor([[1, 2, 7, 9], [1, 2, 8, 9]])
+
+    def logp() -> torch.Tensor:
+        with torch.no_grad():
+            return torch.log_softmax(model(input_ids=ids).logits[:, 1], -1)  # (2, V) after "1 2"
+
+    before = logp()
+    config = small_config(Path("x"), Path("p"))
+    optimizer = TorchOptimizer(model, lr=1e-2)
+    for _ in range(5):
+        _update(
+            optimizer, None, losses.PolicyLoss(), losses, _leaves()[:2], config, pad_id=0, lr=1e-2
+        )
+    after = logp()
+    assert after[0, 7] > before[0, 7]  # pushed up
+    assert after[0, 8] < before[0, 8]  # pushed down
+
+
+def test_no_contrast_means_no_update():
+    from harness.openrlhf.compat import openrlhf_losses
+
+    losses = openrlhf_losses()
+    config = small_config(Path("x"), Path("p"))
+    out = _update(None, None, losses.PolicyLoss(), losses, [], config, pad_id=0, lr=1e-3)
+    assert out["policy/n_train_leaves"] == 0
+
+
+# --- whole runs ---------------------------------------------------------------------------------
+
+KEYS = {
+    "rollout/reward",
+    "rollout/accuracy",
+    "rollout/effective_ratio",
+    "rollout/mixed_anchors",
+    "rollout/response_length",
+    "rollout/valid_action_rate",
+    "rollout/searches_per_episode",
+    "predictor/brier",
+    "predictor/auc",
+    "policy/entropy",
+    "policy/kl",
+    "loss/policy",
+    "budget/leaves",
+    "budget/tokens",
+    "budget/tool_calls",
+    "perf/tokens_per_s",
+    "data/pool",
+}
+
+
+def test_a_short_run_logs_every_metric_checkpoints_and_plots(tmp_path, policy_dir):
+    config = small_config(
+        tmp_path / "run",
+        policy_dir,
+        eval=EvalConfig(every=2, n_questions=4),
+        loss=dataclasses.replace(small_config(tmp_path, policy_dir).loss, kl_coef=0.05),
+        save_trees_every=1,
+        tensorboard=True,
+    )
+    summary = train(config)
+    records = read_metrics(config.run_dir)
+    assert [r["step"] for r in records] == [0, 1, 2]  # eval before step 1, then each step
+    for record in records[1:]:
+        assert set(record) >= KEYS, KEYS - set(record)
+        assert record["budget/leaves"] == 16  # the leaf budget, exactly
+        assert len(record["data/pool"]) == 4
+    assert "eval/em" in records[0] and "eval/em" in records[2]
+    assert sum(r["policy/n_train_leaves"] for r in records[1:]) > 0  # the update really ran
+    assert summary.totals["leaves"] == 32
+    assert summary.totals["tokens"] == sum(r["budget/tokens"] for r in records[1:])
+    assert (summary.policy_dir / "config.json").exists()
+    assert (config.run_dir / "checkpoints" / "step_000002" / "model.pt").exists()
+    assert list((config.run_dir / "tensorboard").iterdir())
+    assert len(list((config.run_dir / "trees").glob("*.jsonl"))) == 2
+    assert load_config(config.run_dir) == config
+    png = plot_run(config.run_dir)
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(ResumeError, match="already holds a run"):
+        train(config)
+
+
+def _cli_args(run_dir: Path, policy: Path, steps: int) -> list[str]:
+    world = [
+        f"--task.world.{name.replace('_', '-')}={getattr(WORLD, name)}"
+        for name in (
+            "n_countries",
+            "n_cities",
+            "n_people",
+            "n_films",
+            "n_books",
+            "n_companies",
+            "n_universities",
+            "n_distractors",
+            "questions_per_kind",
+            "sentences_per_doc",
+            "max_hops",
+        )
+    ]
+    return [
+        f"--run-dir={run_dir}",
+        f"--policy={policy}",
+        f"--steps={steps}",
+        "--checkpoint-every=1",
+        "--no-progress",
+        "--no-tensorboard",
+        "--torch-threads=1",
+        *world,
+        f"--task.env.max-turns={ENV.max_turns}",
+        f"--task.env.top-k={ENV.top_k}",
+        f"--task.env.max-doc-chars={ENV.max_doc_chars}",
+        "--task.train-split=all",
+        "--task.eval-split=test",
+        "--alloc.name=trace",
+        "--alloc.continuations-per-rollout=1",
+        "--alloc.explore-frac=0.0",
+        "--budget.per-step=16",
+        "--budget.pool-size=4",
+        "--rollout.max-new-tokens=24",
+        "--rollout.max-total-tokens=512",
+        "--optim.lr=1e-3",
+        "--optim.micro-batch-size=8",
+    ]
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir):
+    from harness.cli import train as train_cli
+
+    steps = 4
+    killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
+    # a real `tracerl train` process, killed with SIGKILL while it runs step 3
+    process = subprocess.Popen(
+        [sys.executable, "-m", "harness.cli", "train", *_cli_args(killed_dir, policy_dir, steps)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # the log (rich) and the bars, one stream
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"},
+    )
+    seen = []
+    for line in process.stdout:  # blocks on the process's own output: no sleeps
+        seen.append(line)
+        if "saved checkpoint step 2" in line:
+            process.send_signal(signal.SIGKILL)
+            break
+    process.wait(timeout=120)
+    assert process.returncode == -signal.SIGKILL, "".join(seen[-20:])
+    assert [r["step"] for r in read_metrics(killed_dir)][:2] == [1, 2]
+
+    assert train_cli([*_cli_args(killed_dir, policy_dir, steps), "--resume"]) == 0
+    straight = train(small_config(straight_dir, policy_dir, steps=steps))
+
+    resumed = read_metrics(killed_dir)
+    reference = read_metrics(straight_dir)
+    assert [r["step"] for r in resumed] == list(range(1, steps + 1))  # none lost, none twice
+    assert [r["data/pool"] for r in resumed] == [r["data/pool"] for r in reference]
+    assert sum(r["policy/n_train_leaves"] for r in reference) > 0  # weights really changed
+    for a, b in zip(resumed, reference, strict=True):
+        for key in ("rollout/reward", "budget/tokens", "budget/leaves", "rollout/mixed_anchors"):
+            assert a[key] == b[key], (a["step"], key)
+        for key in ("loss/policy", "predictor/brier", "policy/entropy"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), (a["step"], key)
+    assert straight.steps == steps
+    resumed_state = torch.load(killed_dir / "checkpoints" / "step_000004" / "model.pt")
+    straight_state = torch.load(straight_dir / "checkpoints" / "step_000004" / "model.pt")
+    for name, tensor in straight_state.items():
+        torch.testing.assert_close(resumed_state[name], tensor, rtol=1e-5, atol=1e-6)
