@@ -1,51 +1,16 @@
-"""The tiny policy's architecture: a small Qwen3 causal LM, saved as a standard directory.
-
-The default shape (hidden 192, 3 layers, head_dim 32, ff 576, tied embeddings: about 1.8M
-parameters with a 2k vocabulary) comes from `research/tiny_policy.md`: at equal wall time on 2
-cores it got twice the optimizer steps of a 3.9M model and reached a far lower loss.
-"""
+"""The tiny policy's architecture: a small Qwen3 causal LM, saved as a standard directory."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from harness.tiny_policy.config import ModelConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["ModelConfig", "build_model", "count_parameters", "save_policy"]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelConfig:
-    """Shape of the tiny Qwen3 policy."""
-
-    hidden_size: int = 192
-    n_layers: int = 3
-    head_dim: int = 32
-    n_kv_heads: int = 2
-    """Grouped-query attention: fewer key/value heads than query heads."""
-    intermediate_size: int = 576
-    max_positions: int = 1024
-    """Longest episode (prompt, actions and observations) in tokens."""
-    seed: int = 0
-    """Seeds the random initialisation."""
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.head_dim:
-            raise ValueError(
-                f"hidden_size={self.hidden_size} is not a multiple of head_dim={self.head_dim}"
-            )
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"{self.n_heads} query heads do not split into {self.n_kv_heads} groups"
-            )
-
-    @property
-    def n_heads(self) -> int:
-        """Query heads."""
-        return self.hidden_size // self.head_dim
+__all__ = ["build_model", "count_parameters", "save_policy"]
 
 
 def build_model(config: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from harness.backends import Completion, PolicyBackend, SamplingParams, TransformersBackend
-from harness.tiny_policy.model import ModelConfig, build_model
+from harness.tiny_policy.config import ModelConfig
+from harness.tiny_policy.model import build_model
 from harness.tiny_policy.tokenizer import train_tokenizer
 
 EPISODE = (

@@ -41,7 +41,8 @@ needs_vllm = pytest.mark.skipif(
 
 
 def build_model_dir(path: Path) -> None:
-    from harness.tiny_policy.model import ModelConfig, build_model, save_policy
+    from harness.tiny_policy.config import ModelConfig
+    from harness.tiny_policy.model import build_model, save_policy
     from harness.tiny_policy.tokenizer import train_tokenizer
 
     tokenizer = train_tokenizer([TEXT] * 20, vocab_size=320)

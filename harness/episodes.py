@@ -1,0 +1,419 @@
+"""Playing a token-level policy through search/QA environments, many episodes at once.
+
+An episode's text is never re-tokenised: the prompt and each observation are encoded once, as
+they arrive, and each action is the backend's own token ids. So the sequence a trainer scores is
+exactly the one the policy sampled, and the supervised warm start (which builds its
+demonstrations with the same `EpisodeCodec`) sees the same token layout as RL.
+
+The pieces are meant to be reused by the tree-rollout engine:
+
+- `EpisodeCodec` turns env text into token ids (one rule for prompts, one for observations);
+- `LiveEpisode` is one running episode (env + token stream) that can `fork` at a turn boundary;
+- `advance` plays one turn of every live episode with one batched `generate` call;
+- `run_episodes` and `evaluate_policy` play whole episodes for evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import gymnasium as gym
+from tqdm.auto import tqdm
+
+from envs import fork as fork_env
+from harness.backends.base import Completion, PolicyBackend, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "Episode",
+    "EpisodeCodec",
+    "LiveEpisode",
+    "PlayedTurn",
+    "PolicyEval",
+    "advance",
+    "evaluate_policy",
+    "question_kind",
+    "run_episodes",
+    "start_episodes",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EpisodeCodec:
+    """How env text becomes token ids: the prompt gets the bos token, observations nothing.
+
+    Every piece is encoded on its own (`add_special_tokens=False`), so the token stream of an
+    episode is the concatenation of its pieces' encodings, whoever produced them.
+    """
+
+    tokenizer: PreTrainedTokenizerBase
+
+    def encode_prompt(self, prompt: str) -> list[int]:
+        """Token ids of an episode's prompt, after the bos token if the tokenizer has one."""
+        bos = self.tokenizer.bos_token_id
+        return ([] if bos is None else [bos]) + self.encode_text(prompt)
+
+    def encode_text(self, text: str) -> list[int]:
+        """Token ids of an action or observation text, with no special tokens added."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def question_kind(question_type: str, n_hops: int | None) -> str:
+    """The label results are grouped by: bridges by hop count, other types by name.
+
+    >>> question_kind("bridge", 3), question_kind("comparison", 2)
+    ('bridge-3hop', 'comparison')
+    """
+    if question_type == "bridge" and n_hops is not None:
+        return f"bridge-{n_hops}hop"
+    return question_type or "unknown"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Episode:
+    """A finished episode: its whole token stream, what the policy generated, and the outcome.
+
+    Attributes:
+        task_id: The question.
+        kind: `question_kind` of the question.
+        token_ids: Prompt, actions and observations, in order.
+        action_mask: True on the tokens the policy generated (the only ones a loss may touch).
+        logprobs: The backend's log-prob for each generated token, 0.0 elsewhere.
+        reward: Sum of the env's rewards.
+        em: Exact match of the final answer (0.0 when it never answered).
+        answered: Whether it ended with an answer (rather than a turn or length limit).
+        n_turns: Actions taken.
+        n_tool_calls: Searches made.
+    """
+
+    task_id: str
+    kind: str
+    token_ids: tuple[int, ...]
+    action_mask: tuple[bool, ...]
+    logprobs: tuple[float, ...]
+    reward: float
+    em: float
+    answered: bool
+    n_turns: int
+    n_tool_calls: int
+
+    @property
+    def n_generated_tokens(self) -> int:
+        """Tokens the policy generated in this episode."""
+        return sum(self.action_mask)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlayedTurn:
+    """One turn as `advance` played it: what the policy generated and what the env answered.
+
+    The tree-rollout engine (`harness.engine`) turns these into `trace_alloc.Turn` nodes.
+    """
+
+    completion: Completion
+    observation: str
+    """The env's answer ("" when the step ended the episode)."""
+    observation_ids: tuple[int, ...]
+    """Its token ids as appended to the stream (empty when the step ended the episode)."""
+    reward: float
+    info: dict[str, Any]
+    """The env's info after the step."""
+
+
+@dataclass(slots=True, kw_only=True)
+class LiveEpisode:
+    """One running episode: its env and the token stream so far."""
+
+    env: gym.Env[str, str]
+    task_id: str
+    kind: str
+    token_ids: list[int]
+    action_mask: list[bool]
+    logprobs: list[float]
+    info: dict[str, Any]
+    reward: float = 0.0
+    done: bool = False
+    turn_starts: list[int] = field(default_factory=list)
+    """Index in `token_ids` where each action starts (the prefixes a tree may branch at)."""
+    turns: list[PlayedTurn] = field(default_factory=list)
+    """Every turn played so far, in order (forks share the records, which are immutable)."""
+
+    def fork(self, n: int = 1) -> list[LiveEpisode]:
+        """`n` independent copies at the current turn boundary (envs forked, lists copied)."""
+        return [
+            dataclasses.replace(
+                self,
+                env=env,
+                token_ids=list(self.token_ids),
+                action_mask=list(self.action_mask),
+                logprobs=list(self.logprobs),
+                info=dict(self.info),
+                turn_starts=list(self.turn_starts),
+                turns=list(self.turns),
+            )
+            for env in fork_env(self.env, n)
+        ]
+
+    def finish(self) -> Episode:
+        """The finished record (call once `done`)."""
+        return Episode(
+            task_id=self.task_id,
+            kind=self.kind,
+            token_ids=tuple(self.token_ids),
+            action_mask=tuple(self.action_mask),
+            logprobs=tuple(self.logprobs),
+            reward=self.reward,
+            em=float(self.info.get("em", 0.0)),
+            answered="answer" in self.info,
+            n_turns=int(self.info.get("turn_idx", len(self.turn_starts))),
+            n_tool_calls=int(self.info.get("n_tool_calls", 0)),
+        )
+
+
+def start_episodes(
+    env: gym.Env[str, str], task_ids: Sequence[str], codec: EpisodeCodec
+) -> list[LiveEpisode]:
+    """Reset one fork of `env` per task id (repeat an id to sample it several times).
+
+    Args:
+        env: A forkable search/QA env (or wrapper stack) whose task set holds every id.
+        task_ids: The questions, one episode each.
+        codec: Encodes the prompts.
+    """
+    episodes = []
+    for task_id, episode_env in zip(task_ids, fork_env(env, len(task_ids)), strict=True):
+        prompt, info = episode_env.reset(options={"task_id": task_id})
+        ids = codec.encode_prompt(prompt)
+        episodes.append(
+            LiveEpisode(
+                env=episode_env,
+                task_id=task_id,
+                kind=question_kind(info.get("question_type", ""), info.get("n_hops")),
+                token_ids=ids,
+                action_mask=[False] * len(ids),
+                logprobs=[0.0] * len(ids),
+                info=info,
+            )
+        )
+    return episodes
+
+
+def advance(
+    backend: PolicyBackend,
+    episodes: Sequence[LiveEpisode],
+    codec: EpisodeCodec,
+    sampling: SamplingParams,
+    *,
+    max_total_tokens: int | None = None,
+) -> int:
+    """Play one turn of every live episode: one batched `generate`, then one env step each.
+
+    The action's token ids are appended as generated; the observation is encoded and appended
+    unless the step ended the episode.
+
+    Args:
+        backend: The policy.
+        episodes: Episodes; finished ones are skipped.
+        codec: Encodes the observations.
+        sampling: Sampling settings for this turn (stop strings end an action).
+        max_total_tokens: An episode that would not fit this many tokens after its next
+            observation and one more action of `sampling.max_new_tokens` ends unanswered,
+            without that observation (and one whose prompt alone is too long never starts).
+
+    Returns:
+        Tokens generated in this turn.
+    """
+    live = [e for e in episodes if not e.done]
+    if max_total_tokens is not None:
+        for e in live:
+            if len(e.token_ids) + sampling.max_new_tokens > max_total_tokens:
+                e.done = True
+        live = [e for e in live if not e.done]
+    if not live:
+        return 0
+    completions = backend.generate([e.token_ids for e in live], sampling)
+    n_generated = 0
+    for e, completion in zip(live, completions, strict=True):
+        n = completion.n_tokens
+        n_generated += n
+        e.turn_starts.append(len(e.token_ids))
+        e.token_ids.extend(completion.token_ids)
+        e.action_mask.extend([True] * n)
+        e.logprobs.extend(completion.logprobs or [0.0] * n)
+        observation, reward, terminated, truncated, info = e.env.step(completion.text)
+        e.reward += float(reward)
+        e.info = info
+        obs_ids = [] if terminated or truncated else codec.encode_text(observation)
+        # No room for this observation and another action: the episode ends unanswered here,
+        # so no sequence ever outgrows the model's context.
+        overflow = max_total_tokens is not None and (
+            len(e.token_ids) + len(obs_ids) + sampling.max_new_tokens > max_total_tokens
+        )
+        if terminated or truncated or overflow:
+            e.done = True
+            observation, obs_ids = "", []
+        e.token_ids.extend(obs_ids)
+        e.action_mask.extend([False] * len(obs_ids))
+        e.logprobs.extend([0.0] * len(obs_ids))
+        e.turns.append(
+            PlayedTurn(
+                completion=completion,
+                observation=observation,
+                observation_ids=tuple(obs_ids),
+                reward=float(reward),
+                info=info,
+            )
+        )
+    return n_generated
+
+
+def run_episodes(
+    backend: PolicyBackend,
+    env: gym.Env[str, str],
+    task_ids: Sequence[str],
+    codec: EpisodeCodec,
+    *,
+    sampling: SamplingParams,
+    seed: int = 0,
+    max_total_tokens: int | None = None,
+    progress: bool = False,
+) -> list[Episode]:
+    """Play one episode per task id to the end, all turns batched across episodes.
+
+    Args:
+        backend: The policy.
+        env: A forkable env over the tasks (it is forked, never stepped itself).
+        task_ids: One episode each, in order (repeat an id to sample it several times).
+        codec: Encodes prompts and observations.
+        sampling: Sampling settings; its seed is replaced by one derived from `seed` and the
+            turn, so that turns do not reuse the same random numbers.
+        seed: Seeds every turn's sampling.
+        max_total_tokens: See `advance`.
+        progress: Draw a tqdm bar of finished episodes on stderr.
+
+    Returns:
+        The finished episodes, in the order of `task_ids`.
+    """
+    episodes = start_episodes(env, task_ids, codec)
+    with tqdm(total=len(episodes), desc="episodes", disable=not progress, leave=False) as bar:
+        turn = 0
+        while not all(e.done for e in episodes):
+            turn_sampling = dataclasses.replace(sampling, seed=seed * 1_000 + turn)
+            advance(backend, episodes, codec, turn_sampling, max_total_tokens=max_total_tokens)
+            bar.update(sum(e.done for e in episodes) - bar.n)
+            turn += 1
+    return [e.finish() for e in episodes]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyEval:
+    """Exact match of a policy on a set of questions, overall and by question kind.
+
+    Attributes:
+        em: Mean EM over every episode.
+        em_by_kind: Mean EM per `question_kind`.
+        n_by_kind: Episodes per kind.
+        mixed: Share of questions whose samples got both outcomes (needs `n_samples` >= 2).
+        n_episodes: Episodes played.
+        n_samples: Episodes per question.
+        temperature: Sampling temperature (0 = greedy).
+        searches_per_episode: Mean searches.
+        answered: Share of episodes that ended with an answer.
+        generated_tokens_per_s: Policy tokens per second of wall time (generation plus env).
+    """
+
+    em: float
+    em_by_kind: dict[str, float]
+    n_by_kind: dict[str, int]
+    mixed: float
+    n_episodes: int
+    n_samples: int
+    temperature: float
+    searches_per_episode: float
+    answered: float
+    generated_tokens_per_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> PolicyEval:
+        """Inverse of `to_json`."""
+        return cls(**record)
+
+
+def evaluate_policy(
+    backend: PolicyBackend,
+    env: gym.Env[str, str],
+    task_ids: Sequence[str],
+    codec: EpisodeCodec,
+    *,
+    temperature: float = 1.0,
+    n_samples: int = 1,
+    max_new_tokens: int = 64,
+    seed: int = 0,
+    max_total_tokens: int | None = None,
+    progress: bool = False,
+) -> PolicyEval:
+    """Play `n_samples` episodes per question and report EM by question kind.
+
+    Args:
+        backend: The policy.
+        env: A forkable env whose task set holds the questions.
+        task_ids: The questions.
+        codec: Encodes prompts and observations.
+        temperature: 0 for greedy decoding; 1 for the policy's own distribution.
+        n_samples: Episodes per question.
+        max_new_tokens: Cap per action.
+        seed: Seeds the sampling.
+        max_total_tokens: See `advance`.
+        progress: Draw a progress bar.
+
+    Raises:
+        ValueError: for no questions or `n_samples` < 1.
+    """
+    if not task_ids or n_samples < 1:
+        raise ValueError(f"need questions and n_samples >= 1 (got {len(task_ids)}, {n_samples})")
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
+    start = time.perf_counter()
+    episodes = run_episodes(
+        backend,
+        env,
+        [t for t in task_ids for _ in range(n_samples)],
+        codec,
+        sampling=sampling,
+        seed=seed,
+        max_total_tokens=max_total_tokens,
+        progress=progress,
+    )
+    elapsed = time.perf_counter() - start
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    by_task: dict[str, list[float]] = defaultdict(list)
+    for e in episodes:
+        by_kind[e.kind].append(e.em)
+        by_task[e.task_id].append(e.em)
+    n = len(episodes)
+    mixed = [0.0 < sum(v) < len(v) for v in by_task.values()] if n_samples > 1 else [False]
+    return PolicyEval(
+        em=sum(e.em for e in episodes) / n,
+        em_by_kind={k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
+        n_by_kind={k: len(v) for k, v in sorted(by_kind.items())},
+        mixed=sum(mixed) / len(mixed),
+        n_episodes=n,
+        n_samples=n_samples,
+        temperature=temperature,
+        searches_per_episode=sum(e.n_tool_calls for e in episodes) / n,
+        answered=sum(e.answered for e in episodes) / n,
+        generated_tokens_per_s=sum(e.n_generated_tokens for e in episodes) / max(elapsed, 1e-9),
+    )

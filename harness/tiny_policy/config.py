@@ -1,0 +1,245 @@
+"""Configuration of the tiny policy: world, env, tokenizer, model, demos, warm start, evaluation.
+
+Every field has a default chosen from measurements (docs/tiny_policy.md). The whole config is
+hashed (`TinyPolicyConfig.config_hash`): a run directory holding a policy built from the same
+hash is reused as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from envs.synthetic.config import WorldConfig
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from envs import SearchQAEnv
+    from envs.tasks import QATask
+    from retrieval.base import Retriever
+
+__all__ = [
+    "RECIPE_VERSION",
+    "DemoConfig",
+    "EnvSettings",
+    "EvalConfig",
+    "InitModelArgs",
+    "ModelConfig",
+    "SFTConfig",
+    "TinyPolicyConfig",
+    "default_world_config",
+]
+
+RECIPE_VERSION = 1
+"""Bumped when the code changes what a config builds, so old caches are not reused."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvSettings:
+    """The env a tiny policy is trained for (and that RL must use unchanged)."""
+
+    max_turns: int = 8
+    """Actions per episode: room for a 4-hop question, one wrong query and a re-query."""
+    top_k: int = 2
+    """Documents per search. Two keep observations short (research/tiny_policy.md)."""
+    max_doc_chars: int = 240
+    """Each document is cut to this many characters."""
+    prompt_template: str = "Question: {question}\n"
+    """A from-scratch policy needs no instructions; every prompt token costs training time."""
+
+    def make_env(self, tasks: Sequence[QATask], retriever: Retriever) -> SearchQAEnv:
+        """A `SearchQAEnv` with these settings."""
+        from envs import SearchQAEnv
+
+        return SearchQAEnv(
+            tasks,
+            retriever,
+            max_turns=self.max_turns,
+            top_k=self.top_k,
+            max_doc_chars=self.max_doc_chars,
+            prompt_template=self.prompt_template,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of the tiny Qwen3 policy.
+
+    The default (hidden 192, 3 layers, about 1.8M parameters with a 2k vocabulary) comes from
+    `research/tiny_policy.md`: at equal wall time on 2 cores it took twice the optimizer steps
+    of a 3.9M model and reached a far lower loss.
+    """
+
+    hidden_size: int = 192
+    n_layers: int = 3
+    head_dim: int = 32
+    n_kv_heads: int = 2
+    """Grouped-query attention: fewer key/value heads than query heads."""
+    intermediate_size: int = 576
+    max_positions: int = 2048
+    """Longest episode (prompt, actions and observations) in tokens."""
+    seed: int = 0
+    """Seeds the random initialisation."""
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.head_dim:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not a multiple of head_dim={self.head_dim}"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"{self.n_heads} query heads do not split into {self.n_kv_heads} groups"
+            )
+
+    @property
+    def n_heads(self) -> int:
+        """Query heads."""
+        return self.hidden_size // self.head_dim
+
+
+@dataclass(frozen=True, kw_only=True)
+class SFTConfig:
+    """Settings of the supervised warm start (defaults: research/tiny_policy.md, run D)."""
+
+    max_steps: int = 900
+    """Optimizer steps at most; the cosine schedule spans them."""
+    batch_size: int = 16
+    lr: float = 2e-3
+    warmup_steps: int = 50
+    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    lm_weight: float = 0.1
+    """Loss weight on prompt and observation tokens (0 masks them out entirely)."""
+    eval_every: int = 75
+    """Steps between dev evaluations (and kept checkpoints)."""
+    eval_from: int = 300
+    """First step with a dev evaluation (earlier checkpoints are far below any useful band)."""
+    band: tuple[float, float] = (0.3, 0.6)
+    """Target dev sampled EM for the shipped checkpoint: RL needs both outcomes."""
+    max_time_s: float | None = None
+    """Wall-clock cap on training (None: none). Steps are the budget; this is a safety net."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_steps < 1 or self.batch_size < 1:
+            raise ValueError(f"max_steps={self.max_steps}, batch_size={self.batch_size}: need >= 1")
+        lo, hi = self.band
+        if not 0 <= lo <= hi <= 1:
+            raise ValueError(f"band={self.band}: need 0 <= low <= high <= 1")
+        if self.eval_every < 1:
+            raise ValueError(f"eval_every={self.eval_every}: must be >= 1")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DemoConfig:
+    """Which demonstrations the warm start sees."""
+
+    n_worlds: int = 30
+    """Extra generated worlds (fresh names, same templates) whose every question is shown once:
+    with them the policy learns to read names from observations instead of memorising one
+    world (research/tiny_policy.md)."""
+    first_world_seed: int = 1000
+    """Seeds of the extra worlds are first_world_seed, first_world_seed + 1, ..."""
+    target_variants: int = 4
+    """Noisy episodes per training question of the target world."""
+    epsilon: float = 0.3
+    """The oracle's noise rate: a wrong query before a hop, or a wrong answer (both masked)."""
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n_worlds < 0 or self.target_variants < 0:
+            raise ValueError("n_worlds and target_variants must be >= 0")
+        if not 0 <= self.epsilon <= 1:
+            raise ValueError(f"epsilon={self.epsilon}: must be in [0, 1]")
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """How checkpoints are picked and the result is measured."""
+
+    dev_world_seed: int = 999
+    """An extra world never shown in training: its hard questions join the target's dev split
+    to give checkpoint selection enough questions."""
+    n_dev_questions: int = 120
+    """Hard dev questions per checkpoint evaluation (one T=1 sample each)."""
+    n_samples: int = 4
+    """T=1 samples per held-out question in the final evaluation."""
+    seed: int = 0
+
+
+def default_world_config() -> WorldConfig:
+    """The target world: two sentences per paragraph, so that inference questions exist."""
+    return WorldConfig(sentences_per_doc=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TinyPolicyConfig:
+    """Everything `init_model` builds from; its hash names the cache."""
+
+    world_seed: int = 0
+    """The target world (the one RL trains and is evaluated on)."""
+    world: WorldConfig = field(default_factory=default_world_config)
+    env: EnvSettings = field(default_factory=EnvSettings)
+    vocab_size: int = 2048
+    """Byte-level BPE vocabulary, tags and special tokens included."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (tuples become lists)."""
+        return json.loads(json.dumps(asdict(self)))
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> TinyPolicyConfig:
+        """Inverse of `to_json`."""
+        world = dict(record["world"])
+        world["question_kinds"] = tuple(world.get("question_kinds", ()))
+        sft = dict(record["sft"])
+        sft["betas"], sft["band"] = tuple(sft["betas"]), tuple(sft["band"])
+        return cls(
+            world_seed=record["world_seed"],
+            world=WorldConfig(**world),
+            env=EnvSettings(**record["env"]),
+            vocab_size=record["vocab_size"],
+            model=ModelConfig(**record["model"]),
+            demos=DemoConfig(**record["demos"]),
+            sft=SFTConfig(**sft),
+            eval=EvalConfig(**record["eval"]),
+        )
+
+    @property
+    def config_hash(self) -> str:
+        """SHA-256 (first 16 hex digits) of the config and `RECIPE_VERSION`."""
+        payload = json.dumps({"recipe": RECIPE_VERSION, **self.to_json()}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    @property
+    def tokenizer_hash(self) -> str:
+        """Hash of what the tokenizer depends on (world, env, demos, vocabulary size)."""
+        record = self.to_json()
+        keys = ("world_seed", "world", "env", "vocab_size", "demos")
+        payload = json.dumps(
+            {"recipe": RECIPE_VERSION, **{k: record[k] for k in keys}}, sort_keys=True
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, kw_only=True)
+class InitModelArgs:
+    """`tracerl init-model`: build (or reuse) the warm-started tiny policy of a run directory."""
+
+    run_dir: Path = Path("runs/demo")
+    """The policy goes to RUN_DIR/tiny_policy/policy (a standard transformers directory)."""
+    force: bool = False
+    """Rebuild even if a policy built from the same config is cached there."""
+    progress: bool = True
+    """Draw progress bars on stderr."""
+    policy: TinyPolicyConfig = field(default_factory=TinyPolicyConfig)
+    """The recipe; every field is part of the cache key."""
