@@ -25,6 +25,7 @@ import ast
 import importlib.metadata
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -211,6 +212,11 @@ def check_openrlhf_args(args: Any) -> None:
         raise HarnessError(
             "OpenRLHF flags the tree trainer cannot use:\n- " + "\n- ".join(problems)
         )
+    if not args.vllm.enable_prefix_caching:
+        log.warning(
+            "--vllm.enable_prefix_caching is off: every fork recomputes its shared prefix; "
+            "turn it on for tree rollouts"
+        )
 
 
 def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
@@ -248,7 +254,13 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
     from harness.openrlhf.trainer import TreePPOTrainer
 
     if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        # OpenRLHF's defaults for its workers, where the user has not set them
+        defaults = {
+            "TOKENIZERS_PARALLELISM": "true",
+            "NCCL_DEBUG": "WARN",
+            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+        }
+        ray.init(runtime_env={"env_vars": {k: os.environ.get(k, v) for k, v in defaults.items()}})
     strategy = get_strategy(args)
     strategy.print(args)
     n_actor_gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
