@@ -52,7 +52,7 @@ class StepResult:
     carry: float
     """spent − limit: positive is debt, negative credit; pass it to the next `run_step`."""
     tokens_per_leaf: float
-    """Generated tokens per leaf measured this step (the next step's token estimate)."""
+    """Generated tokens per leaf of this step's first wave (the next step's first estimate)."""
     waves: tuple[WaveRecord, ...]
 
     @property
@@ -88,8 +88,9 @@ def run_step(
         rng: the only source of randomness of the allocator.
         predictor: Ṽψ, for the allocators that use one.
         carry: the previous step's `StepResult.carry` (0 for the first step).
-        tokens_per_leaf: token-currency estimate before any leaf of this step exists (e.g. the
-            previous step's `StepResult.tokens_per_leaf`); required for the token currency.
+        tokens_per_leaf: token-currency cost of a leaf before any leaf of this step exists (the
+            previous step's `StepResult.tokens_per_leaf`, or a guess); later waves use the cost
+            measured on the previous wave. Required for the token currency.
         max_waves: safety bound on the number of waves.
 
     Returns:
@@ -111,8 +112,7 @@ def run_step(
     waves: list[WaveRecord] = []
     for wave in range(max_waves):
         remaining = limit - spent.amount(budget.currency)
-        estimate = spent.n_tokens / spent.n_leaves if spent.n_leaves else (tokens_per_leaf or 1.0)
-        leaves_left = budget.leaves_left(remaining, estimate)
+        leaves_left = budget.leaves_left(remaining, _tokens_per_leaf(waves, tokens_per_leaf))
         if leaves_left <= 0:
             break
         view = AllocView(
@@ -142,7 +142,8 @@ def run_step(
                 diagnostics=dict(plan.diagnostics),
             )
         )
-    measured = spent.n_tokens / spent.n_leaves if spent.n_leaves else (tokens_per_leaf or 0.0)
+    first = next((w.spend for w in waves if w.spend.n_leaves), None)
+    measured = first.n_tokens / first.n_leaves if first else (tokens_per_leaf or 0.0)
     return StepResult(
         trees=trees,
         train_indices=allocator.train_indices(trees),
@@ -152,6 +153,18 @@ def run_step(
         tokens_per_leaf=float(measured),
         waves=tuple(waves),
     )
+
+
+def _tokens_per_leaf(waves: Sequence[WaveRecord], prior: float | None) -> float:
+    """Token cost of one more leaf: the last wave's, else the caller's prior.
+
+    The last wave's requests resemble the next one's (a continuation costs less than a rollout
+    from the root), so its cost per leaf is the better estimate.
+    """
+    for record in reversed(waves):
+        if record.spend.n_leaves:
+            return record.spend.n_tokens / record.spend.n_leaves
+    return prior or 1.0
 
 
 def _check_requests(
