@@ -11,7 +11,8 @@ sample from the same flags, so the comparison is at equal cost by construction.
 The allocator is one of trace_alloc's own dataclasses, so its fields are its flags
 (`alloc:trace --alloc.max-per-prompt 8`, `alloc:uniform --alloc.group-size 8`).
 
-This module imports nothing heavy.
+It imports the CPU trainer's module for its `PredictorConfig` (torch, a few seconds), not
+OpenRLHF.
 """
 
 from __future__ import annotations
@@ -21,34 +22,13 @@ from pathlib import Path
 from typing import Literal
 
 from envs.search_qa import SearchQAConfig
+from harness.trainer import PredictorConfig  # the CPU trainer's: one predictor config
 from trace_alloc import DynamicSampling, EntropyTree, PromptPredictor, RandomTree, Trace, Uniform
 
-__all__ = ["AllocatorConfig", "PredictorConfig", "TreeTrainConfig"]
+__all__ = ["AllocatorConfig", "TreeTrainConfig"]
 
 AllocatorConfig = Trace | Uniform | DynamicSampling | PromptPredictor | RandomTree | EntropyTree
 """Any of trace_alloc's allocators, with its own fields."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PredictorConfig:
-    """The online success predictor Ṽψ (hashed n-grams + a small MLP, `trace_alloc.predictor`)."""
-
-    dim: int = 4096
-    """Hashed features per history."""
-    hidden: int = 64
-    """Hidden units of the MLP; 0 gives logistic regression."""
-    lr: float = 3e-3
-    """Adam step size."""
-    epochs: int = 4
-    """Passes over each step's examples."""
-    prior: float = 0.5
-    """Prediction for histories unlike anything seen so far."""
-
-    def __post_init__(self) -> None:
-        if self.dim < 1 or self.hidden < 0 or self.lr <= 0 or self.epochs < 1:
-            raise ValueError(f"bad predictor config {self}")
-        if not 0.0 < self.prior < 1.0:
-            raise ValueError(f"prior={self.prior}: must be in (0, 1)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,6 +49,7 @@ class TreeTrainConfig:
     env: SearchQAConfig = field(default_factory=SearchQAConfig)
     """Search-R1 environment: turns, documents per search, reward, prompt template."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
+    """The online success predictor Ṽψ (hashed n-grams + a small MLP), as in the CPU trainer."""
     run_dir: Path = Path("runs/openrlhf")
     """Where `metrics.jsonl` and the predictor's checkpoints go (on the trainer's node)."""
     seed: int = 0

@@ -56,6 +56,7 @@ from harness.openrlhf.experience import (  # noqa: E402
     pad_to_multiple,
     token_advantages_of_episode,
 )
+from harness.trainer import _rollout_metrics  # noqa: E402  (one definition of the keys)
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import (  # noqa: E402
     BudgetLimit,
@@ -432,39 +433,9 @@ def _draw(iterator: Iterator[Any], n: int) -> tuple[list[str], list[Any], bool]:
 
 
 def _step_metrics(result: StepResult, tokens_per_s: float, rollout_s: float) -> dict[str, float]:
-    """CleanRL-style metrics of one tree step, under the keys `tracerl plot` draws (STYLE §2.6)."""
-    stats = result.stats
-    rewards, ems, lengths, searches, turns = [], [], [], [], []
-    n_actions = n_valid = 0
-    for tree in result.trees:
-        for node in tree.nodes[1:]:  # every generated turn once
-            assert node.turn is not None
-            n_actions += 1
-            n_valid += bool(node.turn.info.get("valid_action", False))
-        for leaf in tree.leaves():
-            path = [tree.nodes[n].turn for n in tree.path(leaf)[1:]]
-            rewards.append(tree.nodes[leaf].reward)
-            ems.append(float(path[-1].info.get("em", 0.0)))
-            lengths.append(sum(t.n_tokens for t in path))
-            searches.append(sum(t.n_tool_calls for t in path))
-            turns.append(len(path))
-
-    def mean(values: list[Any]) -> float:
-        return float(np.mean(values)) if values else float("nan")
-
+    """The CPU trainer's rollout metrics (`tracerl plot` draws them), plus budget and timing."""
     return {
-        "rollout/reward": mean(rewards),
-        "rollout/accuracy": mean(ems),
-        "rollout/effective_ratio": stats.effective_ratio,
-        "rollout/n_active_prompts": float(stats.n_active),
-        "rollout/n_mixed_prompts": float(stats.n_mixed),
-        "rollout/mixed_anchors": float(stats.n_mixed_anchors),
-        "rollout/mixed_prefix_anchors": float(stats.n_mixed_prefix_anchors),
-        "rollout/response_length": mean(lengths),
-        "rollout/turns_per_episode": mean(turns),
-        "rollout/searches_per_episode": mean(searches),
-        "rollout/valid_action_rate": n_valid / n_actions if n_actions else float("nan"),
-        "rollout/waves": float(len(result.waves)),
+        **_rollout_metrics(result),
         "budget/leaves": float(result.spent.n_leaves),
         "budget/tokens": float(result.spent.n_tokens),
         "budget/tool_calls": float(result.spent.n_tool_calls),

@@ -15,7 +15,6 @@ from harness.openrlhf.compat import ensure_flash_attn
 
 ensure_flash_attn()  # openrlhf.trainer.ppo_trainer imports openrlhf.models; see compat.py
 
-import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
@@ -31,6 +30,7 @@ from openrlhf.trainer.ppo_trainer import (  # noqa: E402
 )
 from openrlhf.utils.utils import get_tokenizer  # noqa: E402
 
+from harness.metrics_log import MetricsLog  # noqa: E402
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience_maker import TreeExperienceMaker  # noqa: E402
 from harness.openrlhf.samples import TreeSamplesGenerator  # noqa: E402
@@ -109,7 +109,7 @@ class TreePPOTrainerBase(BasePPOTrainer):
             tokenizer,
         )
         config.run_dir.mkdir(parents=True, exist_ok=True)
-        self.metrics_path = config.run_dir / "metrics.jsonl"
+        self.metrics: MetricsLog | None = None  # opened by fit, which knows whether it resumes
 
     def get_max_steps(self) -> int:
         """Scheduler length: OpenRLHF's estimate from the prompt count and the leaf budget."""
@@ -140,6 +140,11 @@ class TreePPOTrainerBase(BasePPOTrainer):
             if states["data_loader_state_dict"]:
                 self.prompts_dataloader.load_state_dict(states["data_loader_state_dict"])
             self.samples_generator.load_state(self.state_dir(global_step))
+        # TensorBoard and wandb go through OpenRLHF's loggers; this writes metrics.jsonl, cut
+        # back to the checkpoint's step on resume so no step is logged twice
+        self.metrics = MetricsLog(
+            self.config.run_dir, tensorboard=False, resume_step=global_step or None
+        )
         log.info(
             "tree PPO: %d prompts per step, %s budget %d per step, %d max optimizer steps",
             args.rollout.batch_size,
@@ -164,7 +169,7 @@ class TreePPOTrainerBase(BasePPOTrainer):
                     log.warning("a step kept no leaf (%d prompts): nothing to train on", n_prompts)
                 if exhausted:
                     break
-        for tracker in (self.wandb_logger, self.tensorboard_logger):
+        for tracker in (self.wandb_logger, self.tensorboard_logger, self.metrics):
             if tracker:
                 tracker.close()
         return global_step
@@ -184,10 +189,9 @@ class TreePPOTrainerBase(BasePPOTrainer):
 
     def _log(self, global_step: int, status: dict[str, Any]) -> None:
         """Append the step's numbers to `metrics.jsonl` and say the headline ones."""
-        record: dict[str, float] = {"step": float(global_step)}
-        record.update({k: float(v) for k, v in status.items() if isinstance(v, int | float)})
-        with self.metrics_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+        assert self.metrics is not None  # fit opened it
+        numbers = {k: float(v) for k, v in status.items() if isinstance(v, int | float)}
+        self.metrics.write(global_step, numbers)
         log.info(
             "step %d: effective ratio %.3f, leaves %d, reward %.3f",
             global_step,
