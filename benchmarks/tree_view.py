@@ -156,6 +156,8 @@ def save_picture(tree: RolloutTree, path: Path) -> None:
     ax.scatter(x[leaf], y[leaf], c=colour[leaf], s=60, marker="s", **kwargs)
     fig.colorbar(points, ax=ax, label="V̂ (mean leaf reward below)")
     ax.set_title(_clip(f"{tree.prompt_id}: {tree.prompt_text}", 80), fontsize=9)
+    depths = np.arange(int(-y.min()) + 1)
+    ax.set_yticks(-depths, ["prompt", *(str(d) for d in depths[1:])])
     ax.set_ylabel("turn")
     ax.set_xticks([])
     fig.tight_layout()

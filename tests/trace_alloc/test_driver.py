@@ -160,6 +160,9 @@ def test_token_budget_overshoot_is_carried_and_exact_in_aggregate(name):
         assert result.spent.n_tokens >= result.limit or result.waves[-1].stage in ("full",)
         carry = result.carry
         total += result.spent.n_tokens
+        first = result.waves[0].spend
+        assert result.tokens_per_leaf == first.n_tokens / first.n_leaves
+        assert len(result.waves) <= 6  # later waves are sized by the previous wave's cost
     assert total == 4 * 900 + carry
     assert 0 <= carry < 16 * 15  # at most one wave's worth of overshoot
 
