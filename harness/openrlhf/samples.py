@@ -43,7 +43,7 @@ from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noq
 from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call  # noqa: E402
 
 from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
-from harness.backends.base import PolicyBackend, SamplingParams  # noqa: E402
+from harness.backends.base import SamplingParams  # noqa: E402
 from harness.backends.openrlhf_ray import RayEnginesBackend  # noqa: E402
 from harness.engine import TreeRolloutEngine  # noqa: E402
 from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
@@ -104,8 +104,6 @@ class TreeSamplesGenerator(SamplesGenerator):
         tokenizer: The policy's tokenizer.
         vllm_engines: OpenRLHF's `RolloutRayActor` handles.
         config: trace-rl's flags.
-        backend: The policy to sample from; None builds a `RayEnginesBackend` over
-            `vllm_engines` (tests pass a fake).
 
     Raises:
         HarnessError: a label that is not a task's JSON, or settings that cannot work.
@@ -120,7 +118,6 @@ class TreeSamplesGenerator(SamplesGenerator):
         vllm_engines: list[Any],
         *,
         config: TreeTrainConfig,
-        backend: PolicyBackend | None = None,
     ) -> None:
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         args = self.args
@@ -129,7 +126,7 @@ class TreeSamplesGenerator(SamplesGenerator):
                 "--rollout.max_new_tokens is required: it is the per-turn token cap of an action"
             )
         self.config = config
-        self.backend = backend or RayEnginesBackend(
+        self.backend = RayEnginesBackend(
             self.vllm_engines, eos_text=tokenizer.eos_token, seed=config.seed
         )
         loaders = [prompts_dataloader] + ([eval_dataloader] if eval_dataloader else [])
@@ -289,8 +286,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         first: dict[str, int] = {}
         for i, task in enumerate(tasks):
             first.setdefault(task.task_id, i)  # a question drawn twice is played once
-        if isinstance(self.backend, RayEnginesBackend):
-            self.backend.reset_routing()  # OpenRLHF reset the engines' prefix caches
+        self.backend.reset_routing()  # OpenRLHF reset the engines' prefix caches at the sync
         self.engine.reset_stats()
         result = self.engine.run_step(
             self.config.alloc,
