@@ -33,7 +33,11 @@ AllocatorConfig = Trace | Uniform | DynamicSampling | PromptPredictor | RandomTr
 
 @dataclass(frozen=True, kw_only=True)
 class TreeTrainConfig:
-    """Tree-rollout settings of an OpenRLHF run."""
+    """Tree-rollout settings of an OpenRLHF run; OpenRLHF's own flags follow `--`.
+
+    `tracerl train --backend openrlhf -- --help` lists OpenRLHF's flags; docs/openrlhf.md and
+    scripts/train_qwen3_8b_hotpotqa.sh show a whole command.
+    """
 
     retriever: str = "http://127.0.0.1:8000"
     """A Search-R1-protocol server URL (e.g. a wiki-18 e5 server, or `tracerl serve-retriever`),
