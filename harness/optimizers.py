@@ -18,6 +18,7 @@ group (a free port on 127.0.0.1).
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
@@ -41,8 +42,11 @@ class OptimizerStep(Protocol):
     model: nn.Module
     """The module to call forward on (DeepSpeed's engine, or the model itself)."""
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate the gradients of one micro-batch's share of the loss."""
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Accumulate the gradients of one micro-batch's share of the loss.
+
+        `last` marks the step's final micro-batch (DeepSpeed reduces gradients there).
+        """
         ...
 
     def step(self, lr: float) -> float:
@@ -96,7 +100,7 @@ class TorchOptimizer:
         self.optimizer = _adamw(model, lr, betas, weight_decay)
         self.grad_clip = grad_clip
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         """`loss.backward()`: gradients add up over micro-batches."""
         loss.backward()
 
@@ -130,9 +134,9 @@ class DeepSpeedOptimizer:
     """AdamW wrapped by a DeepSpeed ZeRO engine (stage 0-3), one process, gloo.
 
     Gradient accumulation is driven here: every micro-batch but the step's last runs with the
-    engine's accumulation boundary off, the last with it on, then one `engine.step()` (the
-    documented `set_gradient_accumulation_boundary` pattern), so a step may have any number of
-    micro-batches (a tree step's leaf count varies).
+    engine's accumulation boundary off, the last with it on (DeepSpeed reduces the gradients
+    there), then one `engine.step()`: the documented `set_gradient_accumulation_boundary`
+    pattern, so a step may have any number of micro-batches (a tree step's leaf count varies).
 
     Args:
         model: The policy (the engine wraps it; call `self.model` for forward passes).
@@ -187,35 +191,64 @@ class DeepSpeedOptimizer:
         self.model = engine
         self.zero_stage = zero_stage
         self._ds_optimizer = ds_optimizer
-        self._pending = 0
+        self._boundary = False
         log.info("DeepSpeed ZeRO-%d engine ready (gloo, world size 1)", zero_stage)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Accumulate: the boundary is set only by `step`, so nothing is reduced or applied."""
-        self.engine.set_gradient_accumulation_boundary(False)
-        self.engine.backward(loss, scale_wrt_gas=False)
-        self._pending += 1
+    def backward(self, loss: torch.Tensor, *, last: bool) -> None:
+        """Accumulate; on the `last` micro-batch DeepSpeed also reduces the gradients."""
+        self.engine.set_gradient_accumulation_boundary(last)
+        self.engine.backward(loss, scale_wrt_gas=False)  # the trainer already scaled the loss
+        self._boundary = last
 
     def step(self, lr: float) -> float:
-        """Reduce and apply the accumulated gradients; returns DeepSpeed's gradient norm."""
-        if self._pending == 0:
-            raise RuntimeError("step() without a backward() since the last step")
-        self.engine.set_gradient_accumulation_boundary(True)
+        """Apply the reduced gradients; returns DeepSpeed's gradient norm.
+
+        Raises:
+            RuntimeError: the last backward was not marked `last`.
+        """
+        if not self._boundary:
+            raise RuntimeError("step() needs a backward(..., last=True) just before it")
         for group in self._ds_optimizer.param_groups:
             group["lr"] = lr
+        norm: Any = None
+        if self.zero_stage == 0:  # the engine keeps no norm without ZeRO: measure it here
+            params = list(self.engine.module.parameters())
+            norm = torch.linalg.vector_norm(torch.stack([_norm(p) for p in params]))
         self.engine.step()
         self.engine.zero_grad()
-        self._pending = 0
-        norm = self.engine.get_global_grad_norm()
+        self._boundary = False
+        norm = self.engine.get_global_grad_norm() if norm is None else norm
         return float(norm) if norm is not None else float("nan")
 
     def state_dict(self) -> dict[str, Any]:
-        """The ZeRO optimizer's state dict."""
-        return self._ds_optimizer.state_dict()
+        """The ZeRO optimizer's state: its entries made of tensors, numbers and strings only.
+
+        The rest (the loss scaler object, the stage enum) follows from the config and is rebuilt
+        by the engine, so a checkpoint loads with `torch.load(weights_only=True)`.
+        """
+        return {k: v for k, v in self._ds_optimizer.state_dict().items() if _plain(v)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the ZeRO optimizer's state dict."""
-        self._ds_optimizer.load_state_dict(state)
+        """Restore `state_dict` output over this engine's own (config-derived) entries.
+
+        Load the model's weights first; ZeRO's fp32 master copies come from `state`.
+        """
+        merged = self._ds_optimizer.state_dict() | dict(state)
+        if self.zero_stage == 0:  # the client AdamW itself
+            self._ds_optimizer.load_state_dict(merged)
+        else:  # one state per data-parallel rank; this group has one
+            self._ds_optimizer.load_state_dict([merged], load_from_fp32_weights=True)
+
+
+def _plain(value: Any) -> bool:
+    """Whether a value holds only what `torch.load(weights_only=True)` accepts."""
+    if isinstance(value, torch.Tensor | int | float | bool | str | type(None)):
+        return not isinstance(value, enum.Enum)
+    if isinstance(value, list | tuple):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    return False
 
 
 def _single_process_rendezvous() -> None:

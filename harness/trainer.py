@@ -850,7 +850,7 @@ def _update(
                 kl_mean = (kl * batch.mask).sum() / n_tokens
                 loss = loss + kl_coef * kl_mean
                 sums["kl"] += float(kl_mean)
-            optimizer.backward(loss)
+            optimizer.backward(loss, last=i == len(batches) - 1)
             with torch.no_grad():
                 entropy = losses.compute_entropy(logits.detach())  # (B, T-1)
                 sums["entropy"] += float((entropy * batch.mask).sum()) / n_tokens

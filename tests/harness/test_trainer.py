@@ -190,7 +190,7 @@ def _grads(micro_batch_size: int) -> dict[str, torch.Tensor]:
         def __init__(self, model):
             self.model = model
 
-        def backward(self, loss):
+        def backward(self, loss, *, last):
             loss.backward()
 
         def step(self, lr):
@@ -387,3 +387,20 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir)
     straight_state = torch.load(straight_dir / "checkpoints" / "step_000004" / "model.pt")
     for name, tensor in straight_state.items():
         torch.testing.assert_close(resumed_state[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_one_deepspeed_zero2_step_trains_like_torch(tmp_path, policy_dir):
+    pytest.importorskip("deepspeed")
+    torch_run = train(small_config(tmp_path / "torch", policy_dir, steps=1))
+    zero_optim = OptimConfig(lr=1e-3, micro_batch_size=8, backend="deepspeed", zero_stage=2)
+    zero_run = train(small_config(tmp_path / "zero", policy_dir, steps=1, optim=zero_optim))
+    a, b = torch_run.final, zero_run.final
+    assert a["policy/n_train_leaves"] > 0
+    assert a["data/pool"] == b["data/pool"] and a["rollout/reward"] == b["rollout/reward"]
+    assert b["loss/policy"] == pytest.approx(a["loss/policy"], rel=1e-5)
+    assert b["policy/grad_norm"] == pytest.approx(a["policy/grad_norm"], rel=1e-4)
+    ours = torch.load(tmp_path / "zero" / "checkpoints" / "step_000001" / "model.pt")
+    theirs = torch.load(tmp_path / "torch" / "checkpoints" / "step_000001" / "model.pt")
+    for name, tensor in theirs.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=1e-5, atol=1e-6)
