@@ -169,6 +169,8 @@ class EvalConfig:
     """Hard dev questions per checkpoint evaluation (one T=1 sample each)."""
     n_samples: int = 4
     """T=1 samples per held-out question in the final evaluation."""
+    max_action_tokens: int = 48
+    """Cap on one action's tokens (the oracle's longest is about 20)."""
     seed: int = 0
 
 

@@ -231,7 +231,13 @@ def init_model(
     def dev_em(m: Any) -> float:
         backend = TransformersBackend(m, tokenizer, batch_size=128)
         result = evaluate_policy(
-            backend, dev_env, dev_ids, codec, seed=config.eval.seed, max_total_tokens=max_tokens
+            backend,
+            dev_env,
+            dev_ids,
+            codec,
+            max_new_tokens=config.eval.max_action_tokens,
+            seed=config.eval.seed,
+            max_total_tokens=max_tokens,
         )
         return result.em
 
@@ -265,6 +271,7 @@ def init_model(
             codec,
             temperature=temperature,
             n_samples=n,
+            max_new_tokens=config.eval.max_action_tokens,
             seed=config.eval.seed + 1,
             max_total_tokens=max_tokens,
             progress=progress,
