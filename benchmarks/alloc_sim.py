@@ -482,7 +482,7 @@ def main(args: Args) -> dict[str, Any]:
         "trace mixed prefix anchors > random_tree": leaves["trace"]["mixed_prefix_anchors"]
         > leaves["random_tree"]["mixed_prefix_anchors"],
     }
-    if str(args.plot):
+    if args.plot.name:  # `--plot ""` parses as Path("."): no figure
         save_plot(result, args.plot)
     return result
 
