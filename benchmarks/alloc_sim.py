@@ -531,14 +531,17 @@ def save_plot(result: dict[str, Any], path: Path) -> None:
 
     series = result["series"]["leaves"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for name in MAIN:
+    for name in (*MAIN, "trace[oracle]"):
         s = series[name]
-        axes[0].plot(_smooth(s["effective_ratio"]), label=name)
-        axes[1].plot(_smooth(s["mixed_prefix_anchors"]), label=name)
+        style = {"linestyle": "--", "color": "k"} if name == "trace[oracle]" else {}
+        axes[0].plot(_smooth(s["effective_ratio"]), label=name, **style)
+        axes[1].plot(_smooth(s["mixed_prefix_anchors"]), label=name, **style)
         if s["brier"]:
             axes[2].plot(s["brier"], label=name)
     axes[0].set(
-        title="effective ratio (leaf budget)", xlabel="step", ylabel="mixed / active prompts"
+        title="effective ratio (leaf budget; uniform = dynamic_sampling)",
+        xlabel="step",
+        ylabel="mixed / active prompts",
     )
     axes[1].set(title="mixed prefix anchors per step", xlabel="step")
     axes[2].set(title="predictor Brier on next step's nodes", xlabel="step")
