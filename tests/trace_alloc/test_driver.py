@@ -285,3 +285,24 @@ def test_entropy_tree_branches_at_the_most_uncertain_turns():
             if tree.nodes[c].wave > 0 and tree.nodes[tree.nodes[c].parent_id].wave == 0
         )
         assert len(counts) == 1
+
+
+def test_trace_exploration_floor_reaches_prompts_the_predictor_would_filter():
+    prompts, p = make_pool(30)
+    table = {pr.text: (0.5 if i < 3 else 0.0) for i, pr in enumerate(prompts)}
+    kwargs = {"continuations_per_rollout": 0, "p_clip": 0.0}
+    counts = []
+    for explore in (0.0, 0.5):
+        result = run_step(
+            Trace(explore_frac=explore, **kwargs),
+            prompts,
+            execute=MartingaleExecutor(p),
+            budget=BudgetLimit(per_step=40),
+            rng=np.random.default_rng(0),
+            predictor=FixedPredictor(table),
+        )
+        opened = [i for i, t in enumerate(result.trees) if t.n_leaves]
+        counts.append(sum(i >= 3 for i in opened))
+        assert result.spent.n_leaves == 40
+    assert counts[0] == 0  # without a floor, predicted-certain prompts are filtered out
+    assert counts[1] >= 7  # ⌊0.5 · 40 / 2⌋ = 10 random floors, most on the filtered prompts
