@@ -363,11 +363,12 @@ def _rollout(episode: LiveEpisode, base: int, snapshot_ids: list[str | None]) ->
 
 def _end_reason(last: PlayedTurn) -> str:
     """How an episode ended: an answer, the env's turn limit, or the model's context."""
-    if "answer" in last.info:
+    info = last.info
+    if "answer" in info:
         return "answer"
-    if last.observation_ids:  # the env went on, but the context did not
-        return "context"
-    return "max_turns"
+    if int(info.get("turn_idx", 0)) >= int(info.get("max_turns", 1 << 30)):
+        return "max_turns"
+    return "context"  # the env would have gone on; the token stream could not
 
 
 def _turn(played: PlayedTurn, snapshot_id: str | None, n_tool_calls: int, end: str | None) -> Turn:
