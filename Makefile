@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/tracerl demo-env
+	$(VENV)/bin/tracerl demo --run-dir $(RUN_DIR)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
