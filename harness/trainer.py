@@ -28,6 +28,7 @@ import logging
 import random
 import time
 import typing
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -65,6 +66,7 @@ from trace_alloc import (
 __all__ = [
     "AllocConfig",
     "BudgetConfig",
+    "ConstantPredictor",
     "EvalConfig",
     "LossConfig",
     "OptimConfig",
@@ -217,6 +219,8 @@ class RolloutConfig:
 class PredictorConfig:
     """Ṽψ: hashed n-grams of the history into a small numpy MLP (trace_alloc.MLPPredictor)."""
 
+    kind: Literal["mlp", "constant"] = "mlp"
+    """`constant`: always predict `prior` and never learn (the predictor-off ablation)."""
     dim: int = 4096
     """Hashed feature dimensions."""
     hidden: int = 64
@@ -284,7 +288,7 @@ class TrainConfig:
 
     run_dir: Path = Path("runs/train")
     """Where config, metrics, checkpoints, trees and the final policy go."""
-    policy: Path = Path("runs/demo/policy")
+    policy: Path = Path("runs/demo/tiny_policy/policy")
     """Start policy: a transformers model directory with its tokenizer."""
     steps: int = 20
     seed: int = 0
@@ -376,6 +380,29 @@ class TrainSummary:
 
 class ResumeError(HarnessError, ValueError):
     """`resume=True` on a run with no checkpoint, or a fresh run over an existing one."""
+
+
+class ConstantPredictor:
+    """A `trace_alloc.Predictor` that always says `p` and learns nothing (predictor off)."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def predict(self, histories: Sequence[str]) -> np.ndarray:
+        """`p` for every history."""
+        return np.full(len(histories), self.p)
+
+    def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
+        """Nothing to learn."""
+        return {"n": float(len(histories))}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Its constant."""
+        return {"p": np.array([self.p])}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore the constant."""
+        self.p = float(state["p"][0])
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -572,14 +599,16 @@ def train(config: TrainConfig) -> TrainSummary:
     budget = BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step)
     alloc_rng = np.random.default_rng([config.seed, 1])
     pc = config.predictor
-    predictor = MLPPredictor(
-        HashedNgramFeaturizer(dim=pc.dim),
-        hidden=pc.hidden,
-        lr=pc.lr,
-        epochs=pc.epochs,
-        prior=pc.prior,
-        seed=config.seed,
-    )
+    predictor: Any = ConstantPredictor(pc.prior)
+    if pc.kind == "mlp":
+        predictor = MLPPredictor(
+            HashedNgramFeaturizer(dim=pc.dim),
+            hidden=pc.hidden,
+            lr=pc.lr,
+            epochs=pc.epochs,
+            prior=pc.prior,
+            seed=config.seed,
+        )
     optimizer = make_optimizer(
         model,
         backend=config.optim.backend,

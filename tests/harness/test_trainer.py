@@ -129,6 +129,19 @@ def test_a_knob_of_another_allocator_is_an_error_not_a_silent_no_op():
         TrainConfig(alloc=AllocConfig(name="trace", batch_size=3))
 
 
+def test_the_constant_predictor_is_the_predictor_off_ablation():
+    from harness.trainer import ConstantPredictor
+    from trace_alloc import Predictor
+
+    predictor = ConstantPredictor(0.3)
+    assert isinstance(predictor, Predictor)
+    predictor.update(["a", "b"], np.array([1.0, 1.0]))
+    assert predictor.predict(["a", "b", "c"]).tolist() == [0.3, 0.3, 0.3]
+    other = ConstantPredictor(0.5)
+    other.load_state_dict(predictor.state_dict())
+    assert other.predict(["x"]).tolist() == [0.3]
+
+
 def test_the_data_cursor_is_seeded_distinct_and_resumable():
     ids = tuple(f"q{i}" for i in range(10))
     a = DataCursor(ids, seed=1)
