@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import platform
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -161,23 +162,20 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
         optim=OptimConfig(lr=config.lr),
     )
     t = time.perf_counter()
-    summary_path = rl_dir / "summary.json"
-    finished = not config.force and summary_path.exists() and load_config(rl_dir) == train_config
+    same_run = (rl_dir / "config.json").exists() and dataclasses.replace(
+        load_config(rl_dir), resume=False
+    ) == train_config
+    finished = not config.force and same_run and (rl_dir / "summary.json").exists()
     if finished:
         log.info("reusing the finished RL run in %s", rl_dir)
     else:
-        if config.force and rl_dir.exists():
-            import shutil
-
+        if rl_dir.exists() and (config.force or not same_run):
+            if not config.force:
+                raise FileExistsError(
+                    f"{rl_dir} holds an RL run with another config; pass --force to retrain"
+                )
             shutil.rmtree(rl_dir)
-        resume = (
-            rl_dir.joinpath("checkpoints", "latest.json").exists()
-            and load_config(rl_dir) == train_config
-        )
-        if rl_dir.exists() and not resume:
-            raise FileExistsError(
-                f"{rl_dir} holds an RL run with another config; pass --force to retrain"
-            )
+        resume = rl_dir.joinpath("checkpoints", "latest.json").exists()
         train(dataclasses.replace(train_config, resume=resume))
     times["train_s"] = time.perf_counter() - t
     trained_dir = rl_dir / "policy"

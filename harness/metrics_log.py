@@ -34,26 +34,19 @@ class MetricsLog:
         run_dir: The run's directory.
         tensorboard: Also write scalars under `run_dir/tensorboard`.
         resume_step: Resuming after this step: drop records of later steps first. None for a
-            fresh run (an existing log is then an error: runs never mix).
-
-    Raises:
-        FileExistsError: a fresh run over an existing metrics log.
+            fresh run, which starts an empty log (the trainer refuses to start afresh over a
+            run that has a checkpoint, so what this replaces never reached one).
     """
 
     def __init__(
         self, run_dir: Path, *, tensorboard: bool = True, resume_step: int | None = None
     ) -> None:
         self.path = run_dir / METRICS_FILE
-        if resume_step is None:
-            if self.path.exists() and self.path.stat().st_size:
-                raise FileExistsError(
-                    f"{self.path} already has records: resume with --resume, or use a new run dir"
-                )
-        else:
-            kept = [r for r in read_metrics(run_dir) if int(r["step"]) <= resume_step]
-            tmp = self.path.with_name(self.path.name + ".tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-            os.replace(tmp, self.path)
+        kept = [] if resume_step is None else read_metrics(run_dir)
+        kept = [r for r in kept if int(r["step"]) <= (resume_step or 0)]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+        os.replace(tmp, self.path)
         self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
         self._writer: Any = None
         if tensorboard:

@@ -542,6 +542,7 @@ def train(config: TrainConfig) -> TrainSummary:
         raise ResumeError(f"--resume: {run_dir} has no checkpoint to resume from")
     if not config.resume and checkpoint_path is not None:
         raise ResumeError(f"{run_dir} already holds a run; pass --resume or use a new --run-dir")
+    _check_policy_task(config)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2), encoding="utf-8")
     if config.torch_threads is not None:
@@ -564,7 +565,6 @@ def train(config: TrainConfig) -> TrainSummary:
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
     # the world, its index, the env, the engine
-    _check_policy_task(config)
     world = World.generate(config.task.world_seed, config.task.world)
     split = world.split()
     train_tasks = world.tasks if config.task.train_split == "all" else split.train
