@@ -28,30 +28,18 @@ def _run(code: str) -> str:
     return done.stdout
 
 
-def test_without_the_shim_openrlhf_models_does_not_import():
+def test_openrlhf_models_needs_the_shim_and_then_policy_loss_and_kl_run():
     out = _run(
         """
         import importlib.util
-        if importlib.util.find_spec("flash_attn") is not None:
-            print("real flash_attn installed")
-        else:
-            try:
-                import openrlhf.models  # noqa
-                print("imported")
-            except ModuleNotFoundError as err:
-                print("missing", err.name)
-        """
-    )
-    if "real flash_attn" in out:
-        pytest.skip("a real flash-attn is installed here; the shim is inactive")
-    assert out.splitlines()[-1] == "missing flash_attn"
-
-
-def test_shim_makes_policy_loss_and_kl_importable_and_runnable():
-    out = _run(
-        """
         import json
         import torch
+        real = importlib.util.find_spec("flash_attn") is not None
+        try:
+            import openrlhf.models  # noqa
+            before = "imported"
+        except ModuleNotFoundError as err:
+            before = f"missing {err.name}"
         from harness.openrlhf.compat import ensure_flash_attn, is_flash_attn_shim
         first, second = ensure_flash_attn(), ensure_flash_attn()
         from openrlhf.models.loss import PolicyLoss
@@ -64,16 +52,18 @@ def test_shim_makes_policy_loss_and_kl_importable_and_runnable():
         values = PolicyLoss()(lp, old, adv, mask)
         values[0].backward()
         kl = compute_approx_kl(lp.detach(), old, kl_estimator="k3")
-        print(json.dumps([first, second, is_flash_attn_shim(), len(values), lp.grad[0, 2].item(),
-              lp.grad[0, 0].item() < 0, list(kl.shape), is_flash_attn_2_available()]))
+        print(json.dumps([real, before, first, second, is_flash_attn_shim(), len(values),
+              lp.grad[0, 2].item(), lp.grad[0, 0].item() < 0, list(kl.shape),
+              is_flash_attn_2_available()]))
         """
     )
     # DeepSpeed logs to stdout on import: the result is the last line
-    first, second, shim, n_values, masked_grad, pushes_up, kl_shape, fa2 = json.loads(
+    real, before, first, second, shim, n_values, masked_grad, pushes_up, kl_shape, fa2 = json.loads(
         out.splitlines()[-1]
     )
-    if not first and not shim:
+    if real:
         pytest.skip("a real flash-attn is installed here; the shim is inactive")
+    assert before == "missing flash_attn"  # OpenRLHF 0.11.2 imports it unconditionally
     assert (first, second, shim) == (True, False, True)
     assert n_values == 5  # OpenRLHF 0.11.2: loss, clip_ratio, ppo_kl, vllm_kl, is_filter_ratio
     assert masked_grad == 0.0  # a masked token gets no gradient
