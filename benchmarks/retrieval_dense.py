@@ -43,6 +43,8 @@ class Args:
     """search timing repeats; the median is reported"""
     data_dir: Path = DEFAULT_DATA
     """the shared real dataset samples (synthetic only if absent)"""
+    threads: int | None = None
+    """torch and faiss CPU threads (None: the libraries' defaults, one per core)"""
     quick: bool = False
     """a smoke test: 100 documents, 20 queries, 5 single, one repeat"""
     json: bool = False
@@ -106,6 +108,12 @@ def main(args: Args) -> dict[str, Any]:
     queries = all_queries[: args.n_queries]
     single = queries[: args.n_single]
     print(f"corpus: {len(documents):,} documents {counts}", file=sys.stderr)
+    if args.threads is not None:
+        import faiss
+        import torch
+
+        torch.set_num_threads(args.threads)
+        faiss.omp_set_num_threads(args.threads)
     encoder = SentenceEncoder()
     encoder.encode(["warm-up"] * 8)
 

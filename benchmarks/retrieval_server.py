@@ -48,8 +48,8 @@ class Args:
     """concurrent clients"""
     data_dir: Path = DEFAULT_DATA
     """the shared real dataset samples (synthetic only if absent)"""
-    torch_threads: int | None = None
-    """passed to the servers' --torch-threads (None: torch's default)"""
+    threads: int | None = None
+    """passed to the servers' --threads, and used in process (None: the libraries' defaults)"""
     quick: bool = False
     """a smoke test: 64 documents, 128 requests"""
     json: bool = False
@@ -165,10 +165,12 @@ def main(args: Args) -> dict[str, Any]:
     """Build a dense index, then load-test it served with and without micro-batching."""
     documents, queries, counts = bench_corpus(args.n_docs, args.data_dir)
     print(f"corpus: {len(documents):,} documents {counts}", file=sys.stderr)
-    if args.torch_threads is not None:
+    if args.threads is not None:
+        import faiss
         import torch
 
-        torch.set_num_threads(args.torch_threads)  # the in-process run matches the servers
+        torch.set_num_threads(args.threads)  # the in-process run matches the servers
+        faiss.omp_set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
         index_dir = Path(tmp) / "dense"
         retriever = DenseRetriever.build(documents, SentenceEncoder(), progress=True)
@@ -183,7 +185,7 @@ def main(args: Args) -> dict[str, Any]:
             )
         }
         print(f"in process: {in_process}", file=sys.stderr)
-        threads = [] if args.torch_threads is None else ["--torch-threads", str(args.torch_threads)]
+        threads = [] if args.threads is None else ["--threads", str(args.threads)]
         batched = _serve_and_load(index_dir, threads, args, queries)
         print(f"batched: {batched}", file=sys.stderr)
         unbatched = _serve_and_load(index_dir, ["--batching.max-batch-queries", "1"], args, queries)

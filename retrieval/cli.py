@@ -95,9 +95,10 @@ class ServeConfig:
     """the TCP port (0 picks a free one; the ready line names it)"""
     mmap: bool = False
     """memory-map the index arrays instead of reading them into memory"""
-    torch_threads: int | None = None
-    """dense: torch's intra-op threads for the query encoder (None keeps torch's default, one
-    per core; 1 is faster on a machine whose cores are shared with other busy processes)"""
+    threads: int | None = None
+    """CPU threads of the encoder (torch) and of faiss (OpenMP); None keeps their defaults, one
+    per core. 1 is faster on a machine whose cores are shared with other busy processes, where
+    spinning OpenMP threads steal each other's time."""
     limits: ServerLimits = field(default_factory=ServerLimits)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
 
@@ -179,10 +180,13 @@ def serve_retriever(argv: list[str]) -> int:
     from retrieval.indexes import load_index
     from retrieval.server import create_app, serve
 
-    if config.torch_threads is not None:
+    if config.threads is not None:
+        import faiss
         import torch
 
-        torch.set_num_threads(config.torch_threads)  # this process is ours: a global is fine
+        # process-wide settings, fine here: this process exists to serve this index
+        torch.set_num_threads(config.threads)
+        faiss.omp_set_num_threads(config.threads)
     try:
         retriever = load_index(config.index, mmap=config.mmap)
     except (RetrievalError, ValueError) as err:
