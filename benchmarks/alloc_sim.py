@@ -309,6 +309,8 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "trace[active/uniform]": ("trace", {"stage2": "uniform"}),
     "trace[uniform/active]": ("trace", {"stage1": "uniform"}),
     "trace[stage1 only]": ("trace", {"continuations_per_rollout": 0}),
+    "trace[m_i >= 4]": ("trace", {"min_per_prompt": 4}),
+    "trace[m_i >= 8]": ("trace", {"min_per_prompt": 8}),
     "trace[oracle]": ("trace", {}),
 }
 MAIN = ("uniform", "dynamic_sampling", "prompt_predictor", "random_tree", "entropy_tree", "trace")

@@ -391,19 +391,23 @@ class EntropyTree(_TreeSearch):
 class Trace:
     """TRACE (arXiv 2606.11119): Stage 1 global root allocation, Stage 2 local prefix expansion.
 
-    Stage 1 spends M = ⌈L / (1 + N)⌉ of the step's L leaves on roots: m_i ∈ {0} ∪ [2, cap]
-    maximising Σ 1 − v_i^m − (1 − v_i)^m (exact DP), with `explore_frac` of M reserved as
-    2-rollout floors on random prompts. Stage 2 gives each active prompt a share ∝ m_i of the
-    rest (m_i N in the leaf currency) and places it on the prompt's unmixed, non-leaf turn
-    prefixes, maximising Σ 1 − q^K with q = r Ṽ + (1 − r)(1 − Ṽ) the chance that one continuation
-    repeats the observed outcome r. Later waves (token currency) repeat Stage 2 on the grown
-    trees. `stage1`/`stage2 = "uniform"` are the ablation switches.
+    Stage 1 spends M = ⌈L / (1 + N)⌉ of the step's L leaves on roots: m_i ∈ {0} ∪ [min, cap]
+    (min = 2 by default) maximising Σ 1 − v_i^m − (1 − v_i)^m (exact DP), with `explore_frac`
+    of M reserved as floors of `min_per_prompt` rollouts on random prompts. Stage 2 gives each
+    active prompt a share ∝ m_i of the rest (m_i N in the leaf currency) and places it on the
+    prompt's unmixed, non-leaf turn prefixes, maximising Σ 1 − q^K with q = r Ṽ + (1 − r)(1 − Ṽ)
+    the chance that one continuation repeats the observed outcome r. Later waves (token
+    currency) repeat Stage 2 on the grown trees. `stage1`/`stage2 = "uniform"` are the ablation
+    switches.
     """
 
     name: ClassVar[str] = "trace"
     uses_predictor: ClassVar[bool] = True
     max_per_prompt: int = 16
     """Cap on m_i, so that one prompt cannot take the whole root budget."""
+    min_per_prompt: int = 2
+    """Smallest non-zero m_i: 2 opens a prompt with a pair (the paper); larger values trade the
+    number of mixed prompts for their share (docs/decisions.md, D3)."""
     continuations_per_rollout: int = 1
     """N: Stage-2 continuations per bare rollout (Σ K = m_i N per prompt); 0 turns Stage 2 off."""
     stage1: Literal["active", "uniform"] = "active"
@@ -413,16 +417,17 @@ class Trace:
     group_size: int = 8
     """G for `stage1="uniform"`."""
     explore_frac: float = 0.05
-    """Share of the root budget given as 2-rollout floors to random pool prompts, so that the
-    predictor keeps seeing prompts it would filter out (docs/decisions.md, D2)."""
+    """Share of the root budget given as `min_per_prompt`-rollout floors to random pool prompts,
+    so that the predictor keeps seeing prompts it would filter out (docs/decisions.md, D2)."""
     p_clip: float = 0.01
     """Predictions are clipped to [p_clip, 1 − p_clip]: no prompt or prefix is ever certain."""
 
     def __post_init__(self) -> None:
         _check_group_size(self.group_size)
-        if self.max_per_prompt < 2:
+        if not 2 <= self.min_per_prompt <= self.max_per_prompt:
             raise ValueError(
-                f"max_per_prompt={self.max_per_prompt}: a group needs 2 leaves to be mixed"
+                f"min_per_prompt={self.min_per_prompt}, max_per_prompt={self.max_per_prompt}: "
+                "need 2 <= min_per_prompt <= max_per_prompt (a group needs 2 leaves to be mixed)"
             )
         if self.stage1 == "uniform" and self.group_size > self.max_per_prompt:
             raise ValueError(
@@ -462,7 +467,8 @@ class Trace:
         self, view: AllocView, predictor: Predictor | None, rng: np.random.Generator
     ) -> AllocPlan:
         n_roots = -(-view.leaves_left // (1 + self.continuations_per_rollout))
-        n_roots = max(n_roots, min(2, view.leaves_left))  # a budget of 2 still opens a prompt
+        # a small budget still opens one prompt
+        n_roots = max(n_roots, min(self.min_per_prompt, view.leaves_left))
         if self.stage1 == "uniform":
             requests = _groups(range(len(view.trees)), n_roots, self.group_size, exact=view.exact)
             return AllocPlan(
@@ -470,9 +476,15 @@ class Trace:
             )
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.zeros(len(view.trees), dtype=np.int64)
-        n_explore = min(int(self.explore_frac * n_roots) // 2, len(view.trees))
-        floor[rng.choice(len(view.trees), size=n_explore, replace=False)] = 2
-        solution = solve_roots(p, n_roots, max_per_prompt=self.max_per_prompt, floor=floor)
+        n_explore = min(int(self.explore_frac * n_roots) // self.min_per_prompt, len(view.trees))
+        floor[rng.choice(len(view.trees), size=n_explore, replace=False)] = self.min_per_prompt
+        solution = solve_roots(
+            p,
+            n_roots,
+            max_per_prompt=self.max_per_prompt,
+            min_per_prompt=self.min_per_prompt,
+            floor=floor,
+        )
         requests = tuple(
             RolloutRequest(tree_index=i, node_id=0, n=int(m))
             for i, m in enumerate(solution.m)
@@ -553,7 +565,11 @@ class Trace:
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.minimum(current, self.max_per_prompt)
         solution = solve_roots(
-            p, int(floor.sum()) + view.leaves_left, max_per_prompt=self.max_per_prompt, floor=floor
+            p,
+            int(floor.sum()) + view.leaves_left,
+            max_per_prompt=self.max_per_prompt,
+            min_per_prompt=self.min_per_prompt,
+            floor=floor,
         )
         extra = solution.m - floor
         requests = tuple(

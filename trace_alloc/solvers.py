@@ -83,7 +83,7 @@ class RootSolution:
     """Stage-1 allocation: rollouts per prompt and the expected number of mixed prompts."""
 
     m: np.ndarray
-    """Rollouts per prompt, shape `(B,)`, each 0 or in [max(2, floor), cap]."""
+    """Rollouts per prompt, shape `(B,)`, each 0 or in [max(min_per_prompt, floor), cap]."""
     value: float
     """Σ V_root(v_i, m_i): expected number of mixed prompts."""
 
@@ -98,6 +98,7 @@ def solve_roots(
     budget: int,
     *,
     max_per_prompt: int,
+    min_per_prompt: int = 2,
     floor: np.ndarray | None = None,
 ) -> RootSolution:
     """Exact Stage-1 allocation by dynamic programming over the budget.
@@ -109,7 +110,9 @@ def solve_roots(
         p: predicted success probability per prompt, shape `(B,)`.
         budget: root rollouts M to spend.
         max_per_prompt: cap on each m_i (≥ 2).
-        floor: optional per-prompt minimum (0, or ≥ 2: an exploration floor); shape `(B,)`.
+        min_per_prompt: smallest non-zero m_i (≥ 2; 2 is the paper's "open with two").
+        floor: optional per-prompt minimum (0, or in [min_per_prompt, cap]: an exploration
+            floor); shape `(B,)`.
 
     Returns:
         The allocation and its value.
@@ -122,17 +125,23 @@ def solve_roots(
     """
     p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)
     n = p.shape[0]
-    if max_per_prompt < 2:
-        raise AllocError(f"max_per_prompt={max_per_prompt}: a group needs 2 rollouts")
+    if not 2 <= min_per_prompt <= max_per_prompt:
+        raise AllocError(
+            f"need 2 <= min_per_prompt ({min_per_prompt}) <= max_per_prompt ({max_per_prompt}):"
+            " a group needs 2 rollouts to be mixed"
+        )
     if budget < 0:
         raise AllocError(f"budget={budget}: must be >= 0")
     lo = np.zeros(n, dtype=np.int64) if floor is None else np.asarray(floor, dtype=np.int64)
-    if lo.shape != (n,) or np.any((lo == 1) | (lo < 0) | (lo > max_per_prompt)):
-        raise AllocError(f"floor must be 0 or in [2, {max_per_prompt}] per prompt; got {lo}")
+    bad = (lo < 0) | ((lo > 0) & (lo < min_per_prompt)) | (lo > max_per_prompt)
+    if lo.shape != (n,) or np.any(bad):
+        raise AllocError(
+            f"floor must be 0 or in [{min_per_prompt}, {max_per_prompt}] per prompt; got {lo}"
+        )
     if lo.sum() > budget:
         raise AllocError(f"floors need {int(lo.sum())} rollouts but the budget is {budget}")
     budget = min(budget, n * max_per_prompt)
-    choices = np.arange(2, max_per_prompt + 1)
+    choices = np.arange(min_per_prompt, max_per_prompt + 1)
     dp = np.full(budget + 1, -np.inf)
     dp[0] = 0.0
     picked = np.zeros((n, budget + 1), dtype=np.int16)

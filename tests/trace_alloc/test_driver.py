@@ -112,6 +112,15 @@ def test_trace_stage_two_only_expands_unmixed_non_leaf_prefixes():
                     assert not anchor.is_leaf
 
 
+def test_trace_min_per_prompt_concentrates_the_roots():
+    result, _ = step("trace", budget=BudgetLimit(per_step=64), min_per_prompt=4, explore_frac=0.1)
+    roots = [len(t.root.children) for t in result.trees]
+    assert all(m == 0 or 4 <= m <= 16 for m in roots)
+    assert sum(roots) == 32 and result.spent.n_leaves == 64
+    with pytest.raises(ValueError, match="min_per_prompt"):
+        Trace(min_per_prompt=17)
+
+
 def test_trace_ablation_switches_change_the_plan():
     active, _ = step("trace", budget=BudgetLimit(per_step=64), explore_frac=0.0)
     uniform1, _ = step("trace", budget=BudgetLimit(per_step=64), stage1="uniform", group_size=8)

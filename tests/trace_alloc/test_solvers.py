@@ -45,9 +45,9 @@ def test_prefix_marginal_gain_is_the_difference_of_values(q, k):
     assert prefix_gain(q, k) == pytest.approx(v_prefix(q, k + 1) - v_prefix(q, k), abs=1e-12)
 
 
-def _brute_roots(p, budget, cap, floor):
+def _brute_roots(p, budget, cap, floor, low=2):
     """Largest feasible spend, then the best value at that spend, by enumeration."""
-    options = [[m for m in [0, *range(2, cap + 1)] if m >= lo] for lo in floor]
+    options = [[m for m in [0, *range(low, cap + 1)] if m >= lo] for lo in floor]
     results = []
     for ms in itertools.product(*options):
         if sum(ms) <= budget:
@@ -64,15 +64,18 @@ def _brute_roots(p, budget, cap, floor):
     data=st.data(),
 )
 def test_root_solver_matches_brute_force(p, budget, cap, data):
-    floor = [data.draw(st.sampled_from([0, 0, 2])) if cap >= 2 else 0 for _ in p]
+    low = data.draw(st.integers(2, cap))
+    floor = [data.draw(st.sampled_from([0, 0, low])) for _ in p]
     if sum(floor) > budget:
         floor = [0] * len(p)
-    sol = solve_roots(np.array(p), budget, max_per_prompt=cap, floor=np.array(floor))
-    spend, value = _brute_roots(p, budget, cap, floor)
+    sol = solve_roots(
+        np.array(p), budget, max_per_prompt=cap, min_per_prompt=low, floor=np.array(floor)
+    )
+    spend, value = _brute_roots(p, budget, cap, floor, low)
     assert sol.n_rollouts == spend  # the whole budget whenever it can be spent
     assert sol.value == pytest.approx(value, abs=1e-9)
     assert sol.value == pytest.approx(float(v_root(np.array(p), sol.m).sum()), abs=1e-9)
-    assert not np.any(sol.m == 1)  # never exactly one rollout
+    assert not np.any((sol.m > 0) & (sol.m < low))  # never one rollout, nor fewer than `low`
     assert np.all(sol.m <= cap) and np.all(sol.m >= np.array(floor))
 
 
@@ -112,6 +115,10 @@ def test_single_prompt_takes_the_budget_up_to_its_cap():
 def test_root_solver_rejects_bad_arguments():
     with pytest.raises(AllocError, match="max_per_prompt"):
         solve_roots(np.array([0.5]), 4, max_per_prompt=1)
+    with pytest.raises(AllocError, match="min_per_prompt"):
+        solve_roots(np.array([0.5]), 4, max_per_prompt=4, min_per_prompt=5)
+    with pytest.raises(AllocError, match="floor"):
+        solve_roots(np.array([0.5]), 4, max_per_prompt=4, min_per_prompt=3, floor=np.array([2]))
     with pytest.raises(AllocError, match="floor"):
         solve_roots(np.array([0.5]), 4, max_per_prompt=4, floor=np.array([1]))
     with pytest.raises(AllocError, match="floors need"):
