@@ -33,14 +33,14 @@ TINY_RECIPE = TinyPolicyConfig(
         n_universities=3,
         n_distractors=5,
         sentences_per_doc=2,
-        questions_per_kind=3,
+        questions_per_kind=2,
     ),
     vocab_size=600,
     model=ModelConfig(hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128),
     demos=DemosConfig(n_worlds=1, target_variants=1),
     sft=SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
-    env=EnvSettings(max_turns=4),
-    eval=EvalConfig(n_dev_questions=4, n_samples=1, max_action_tokens=16),
+    env=EnvSettings(max_turns=3),
+    eval=EvalConfig(n_dev_questions=4, n_samples=1, max_action_tokens=12),
 )
 
 
@@ -52,14 +52,14 @@ def test_demo_trains_evaluates_reports_and_reuses_its_caches(tmp_path):
         budget_per_step=8,
         pool_size=4,
         questions="all",
-        eval_questions=6,
+        eval_questions=4,
         progress=False,
     )
     first = run_demo(config, TINY_RECIPE)
     assert not first["policy_reused"] and not first["rl_reused"]
-    assert first["n_questions"] == 6
+    assert first["n_questions"] == 4
     for side in ("before", "after"):
-        assert first[side]["n"] == 6 and 0.0 <= first[side]["em"] <= 1.0
+        assert first[side]["n"] == 4 and 0.0 <= first[side]["em"] <= 1.0
     steps = [r["step"] for r in read_metrics(config.run_dir / "rl")]
     assert steps == [1, 2]
     report = json.loads((config.run_dir / "report" / "report.json").read_text())
