@@ -6,7 +6,9 @@ in a subprocess: with the default micro-batching, and with `--batching.max-batch
 which makes one encoder call and one search call per request, as a synchronous server does.
 `--concurrency` asyncio clients, sharing one HTTPRetriever connection pool in this process,
 send one-query requests until `--n-requests` are done. Reported: throughput (requests per
-second over the timed run), and p50/p99 latency per request, for both modes. The same two
+second over the timed run), p50/p99 latency per request, and the server process's CPU time per
+request (user + system, from psutil: less sensitive than wall time to other load on the
+machine), for both modes. The same two
 configurations of `retrieval.batching.MicroBatcher` are also timed in this process without
 HTTP (`in_process`), which separates the gain of batching from the cost of the HTTP path.
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import tyro
 
 from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus, run_meta
@@ -51,13 +54,13 @@ class Args:
     threads: int | None = None
     """passed to the servers' --threads, and used in process (None: the libraries' defaults)"""
     quick: bool = False
-    """a smoke test: 64 documents, 128 requests"""
+    """a smoke test: 32 documents, 64 requests"""
     json: bool = False
     """print one JSON object as the last line of stdout"""
 
     def __post_init__(self) -> None:
         if self.quick:
-            self.n_docs, self.n_requests = 64, 128
+            self.n_docs, self.n_requests = 32, 64
 
 
 def start_server(index_dir: Path, *extra: str, timeout_s: float = 300.0) -> tuple[Any, str]:
@@ -152,8 +155,14 @@ async def _load_in_process(
 
 def _serve_and_load(index_dir: Path, extra: list[str], args: Args, queries: list[str]) -> Any:
     proc, url = start_server(index_dir, *extra)
+    server = psutil.Process(proc.pid)
     try:
+        before = server.cpu_times()
         result = asyncio.run(_load(url, queries, args.n_requests, args.concurrency))
+        after = server.cpu_times()
+        cpu_s = (after.user + after.system) - (before.user + before.system)
+        # the warm-up requests are in the CPU time too
+        result["server_cpu_ms_per_request"] = 1000 * cpu_s / (args.n_requests + args.concurrency)
         result["server_stats"] = HTTPRetriever(url).health()["stats"]
         return result
     finally:
@@ -195,6 +204,8 @@ def main(args: Args) -> dict[str, Any]:
         / unbatched["throughput_rps"],
         "p50_ms": batched["p50_ms"],
         "p99_ms": batched["p99_ms"],
+        "unbatched_over_batched_server_cpu": unbatched["server_cpu_ms_per_request"]
+        / batched["server_cpu_ms_per_request"],
         "batched": batched,
         "unbatched": unbatched,
         "in_process": {
@@ -210,12 +221,15 @@ def main(args: Args) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     """The figures, human-readable, on stderr."""
-    print(f"{'mode':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'batches':>8}", file=sys.stderr)
+    print(
+        f"{'mode':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'batches':>8} {'cpu ms/req':>10}",
+        file=sys.stderr,
+    )
     for mode in ("batched", "unbatched"):
         r = result[mode]
         print(
             f"{mode:<10} {r['throughput_rps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-            f"{r['server_stats']['n_batches']:>8}",
+            f"{r['server_stats']['n_batches']:>8} {r['server_cpu_ms_per_request']:>10.1f}",
             file=sys.stderr,
         )
     print(f"throughput ratio: {result['batched_over_unbatched_throughput']:.2f}x", file=sys.stderr)
