@@ -28,6 +28,7 @@ def _run(code: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # a fresh interpreter imports OpenRLHF, DeepSpeed and transformers: 10-60 s
 def test_openrlhf_models_needs_the_shim_and_then_policy_loss_and_kl_run():
     out = _run(
         """
