@@ -77,14 +77,14 @@ def _evaluate(
 ) -> Report:
     from harness.backends import SamplingParams, TransformersBackend
 
-    backend = TransformersBackend(policy_dir)
+    # one seeded stream per evaluation (a fixed per-call seed would reuse the same random
+    # numbers every turn); before and after draw from the same stream
+    backend = TransformersBackend(policy_dir, seed=config.seed)
     agent = PolicyAgent(
         name,
         backend,
         backend.tokenizer,
-        SamplingParams(
-            temperature=config.eval_temperature, max_new_tokens=max_new_tokens, seed=config.seed
-        ),
+        SamplingParams(temperature=config.eval_temperature, max_new_tokens=max_new_tokens),
         max_context_tokens=int(backend.model.config.max_position_embeddings),
         settings={"policy": str(policy_dir)},
     )
