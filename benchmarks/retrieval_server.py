@@ -8,7 +8,8 @@ which makes one encoder call and one search call per request, as a synchronous s
 send one-query requests until `--n-requests` are done. Reported: throughput (requests per
 second over the timed run), p50/p99 latency per request, and the server process's CPU time per
 request (user + system, from psutil: less sensitive than wall time to other load on the
-machine), for both modes. The same two
+machine), for both modes. The clients' CPU time per request is reported too: on a small machine
+the clients share the cores with the server, so throughput is bounded by both. The same two
 configurations of `retrieval.batching.MicroBatcher` are also timed in this process without
 HTTP (`in_process`), which separates the gain of batching from the cost of the HTTP path.
 
@@ -155,14 +156,15 @@ async def _load_in_process(
 
 def _serve_and_load(index_dir: Path, extra: list[str], args: Args, queries: list[str]) -> Any:
     proc, url = start_server(index_dir, *extra)
-    server = psutil.Process(proc.pid)
+    server, client = psutil.Process(proc.pid), psutil.Process()
     try:
-        before = server.cpu_times()
+        before = server.cpu_times(), client.cpu_times()
         result = asyncio.run(_load(url, queries, args.n_requests, args.concurrency))
-        after = server.cpu_times()
-        cpu_s = (after.user + after.system) - (before.user + before.system)
-        # the warm-up requests are in the CPU time too
-        result["server_cpu_ms_per_request"] = 1000 * cpu_s / (args.n_requests + args.concurrency)
+        after = server.cpu_times(), client.cpu_times()
+        n_sent = args.n_requests + args.concurrency  # the warm-up is in the CPU times too
+        for name, start, end in zip(("server", "client"), before, after, strict=True):
+            cpu_s = (end.user + end.system) - (start.user + start.system)
+            result[f"{name}_cpu_ms_per_request"] = 1000 * cpu_s / n_sent
         result["server_stats"] = HTTPRetriever(url).health()["stats"]
         return result
     finally:
@@ -222,14 +224,16 @@ def main(args: Args) -> dict[str, Any]:
 def print_table(result: dict[str, Any]) -> None:
     """The figures, human-readable, on stderr."""
     print(
-        f"{'mode':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'batches':>8} {'cpu ms/req':>10}",
+        f"{'mode':<10} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'batches':>8} "
+        f"{'server cpu ms/req':>18} {'client cpu ms/req':>18}",
         file=sys.stderr,
     )
     for mode in ("batched", "unbatched"):
         r = result[mode]
         print(
             f"{mode:<10} {r['throughput_rps']:>8.1f} {r['p50_ms']:>8.1f} {r['p99_ms']:>8.1f} "
-            f"{r['server_stats']['n_batches']:>8} {r['server_cpu_ms_per_request']:>10.1f}",
+            f"{r['server_stats']['n_batches']:>8} {r['server_cpu_ms_per_request']:>18.1f} "
+            f"{r['client_cpu_ms_per_request']:>18.1f}",
             file=sys.stderr,
         )
     print(f"throughput ratio: {result['batched_over_unbatched_throughput']:.2f}x", file=sys.stderr)
