@@ -4,7 +4,7 @@ One dense index (MiniLM + faiss flat, where batching matters most: a forward pas
 queries costs far less than 64 passes over one) is served twice by `tracerl serve-retriever`
 in a subprocess: with the default micro-batching, and with `--batching.max-batch-queries 1`,
 which makes one encoder call and one search call per request, as a synchronous server does.
-`--concurrency` asyncio clients, sharing one HTTPRetriever connection pool in this process,
+`--concurrency` asyncio clients in this process, each with its own HTTPRetriever and connection,
 send one-query requests until `--n-requests` are done. Reported: throughput (requests per
 second over the timed run), p50/p99 latency per request, and the server process's CPU time per
 request (user + system, from psutil: less sensitive than wall time to other load on the
@@ -87,15 +87,19 @@ def start_server(index_dir: Path, *extra: str, timeout_s: float = 300.0) -> tupl
 
 
 async def _load(url: str, queries: list[str], n_requests: int, concurrency: int) -> dict[str, Any]:
-    # one attempt (an error must not hide) and a long timeout: a serial server under 64
-    # clients makes the last request wait for 63 others, and latency is what we measure
-    remote = HTTPRetriever(
-        url, max_attempts=1, max_connections=concurrency, timeout_s=600.0, index_id="bench"
-    )
+    # Each client owns its connection, as separate rollout workers would: one shared pool of 64
+    # connections costs the client process far more CPU per request (httpcore's pool
+    # bookkeeping) than the server spends, and would make this a benchmark of the client.
+    # One attempt (an error must not hide) and a long timeout: a serial server under 64
+    # clients makes the last request wait for 63 others, and latency is what we measure.
+    clients = [
+        HTTPRetriever(url, max_attempts=1, max_connections=1, timeout_s=600.0, index_id="bench")
+        for _ in range(concurrency)
+    ]
     latencies: list[float] = []
     n_sent = 0
 
-    async def client(warm_up: bool) -> None:
+    async def client(remote: HTTPRetriever, warm_up: bool) -> None:
         nonlocal n_sent
         while True:
             if warm_up:
@@ -111,13 +115,13 @@ async def _load(url: str, queries: list[str], n_requests: int, concurrency: int)
                 latencies.append(time.perf_counter() - start)
 
     try:
-        await asyncio.gather(*(client(True) for _ in range(concurrency)))
+        await asyncio.gather(*(client(c, True) for c in clients))
         n_sent = 0
         start = time.perf_counter()
-        await asyncio.gather(*(client(False) for _ in range(concurrency)))
+        await asyncio.gather(*(client(c, False) for c in clients))
         elapsed = time.perf_counter() - start
     finally:
-        await remote.aclose()
+        await asyncio.gather(*(c.aclose() for c in clients))
     ms = np.array(latencies) * 1000
     return {
         "throughput_rps": len(latencies) / elapsed,

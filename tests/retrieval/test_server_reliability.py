@@ -45,13 +45,16 @@ def test_10k_requests_at_concurrency_64_match_in_process_search(
         process = psutil.Process(server.proc.pid)
 
         async def run() -> tuple[list[str], int, int]:
-            # one attempt only: a retry must not hide an error
-            remote = HTTPRetriever(server.url, max_attempts=1, max_connections=CONCURRENCY)
+            # 64 clients, each with its own connection; one attempt, so no retry hides an error
+            remotes = [
+                HTTPRetriever(server.url, max_attempts=1, max_connections=1)
+                for _ in range(CONCURRENCY)
+            ]
             errors: list[str] = []
             next_i = 0
             rss_warm = 0
 
-            async def client() -> None:
+            async def client(remote: HTTPRetriever) -> None:
                 nonlocal next_i, rss_warm
                 while next_i < len(plan):
                     i = next_i
@@ -68,9 +71,9 @@ def test_10k_requests_at_concurrency_64_match_in_process_search(
                         errors.append(f"request {i}: results differ from in-process search")
 
             try:
-                await asyncio.gather(*(client() for _ in range(CONCURRENCY)))
+                await asyncio.gather(*(client(r) for r in remotes))
             finally:
-                await remote.aclose()
+                await asyncio.gather(*(r.aclose() for r in remotes))
             return errors, rss_warm, process.memory_info().rss
 
         errors, rss_warm, rss_end = asyncio.run(run())
