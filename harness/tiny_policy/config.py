@@ -11,7 +11,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from envs.synthetic.config import WorldConfig
 
@@ -115,6 +115,9 @@ class SFTConfig:
     grad_clip: float = 1.0
     lm_weight: float = 0.1
     """Loss weight on prompt and observation tokens (0 masks them out entirely)."""
+    lm_sample_rate: float = 0.25
+    """Share of prompt/observation positions scored per step, at weight lm_weight / rate: the
+    same loss in expectation for a quarter of the output-layer compute on them."""
     eval_every: int = 75
     """Steps between dev evaluations (and kept checkpoints)."""
     eval_from: int = 300
@@ -131,6 +134,8 @@ class SFTConfig:
         lo, hi = self.band
         if not 0 <= lo <= hi <= 1:
             raise ValueError(f"band={self.band}: need 0 <= low <= high <= 1")
+        if not 0 < self.lm_sample_rate <= 1:
+            raise ValueError(f"lm_sample_rate={self.lm_sample_rate}: must be in (0, 1]")
         if self.eval_every < 1:
             raise ValueError(f"eval_every={self.eval_every}: must be >= 1")
 
@@ -162,11 +167,16 @@ class DemoConfig:
 class EvalConfig:
     """How checkpoints are picked and the result is measured."""
 
+    select_on: Literal["target_dev", "unseen_world"] = "target_dev"
+    """Dev questions for checkpoint selection: the hard questions of the target world's dev
+    split (what RL will be judged on), or those of an unseen world (reading only: no fact of
+    that world was ever trained on)."""
+    n_dev_samples: int = 4
+    """T=1 samples per target dev question at each checkpoint (the split is small)."""
     dev_world_seed: int = 999
-    """An extra world never shown in training: its hard questions join the target's dev split
-    to give checkpoint selection enough questions."""
-    n_dev_questions: int = 120
-    """Hard dev questions per checkpoint evaluation (one T=1 sample each)."""
+    """The unseen world: never shown in training; reported as `unseen_hard_sampled`."""
+    n_unseen_questions: int = 120
+    """Hard questions of the unseen world (one T=1 sample each)."""
     n_samples: int = 4
     """T=1 samples per held-out question in the final evaluation."""
     max_action_tokens: int = 48

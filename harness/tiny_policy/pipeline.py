@@ -74,9 +74,10 @@ class PolicyArtifacts:
         split: Task ids of the target world's train / dev / test / test_entities questions.
         sft: The warm start's summary: steps, wall time, throughput, parameters, the selected
             step and its dev EM, the dev curve and the loss log.
-        evals: Final evaluations on the held-out questions (test + test_entities), by name:
-            "heldout_greedy", "heldout_sampled", and the same restricted to hard kinds
-            ("hard_greedy", "hard_sampled").
+        evals: Final evaluations, by name: "hard_greedy", "hard_sampled" (T=1, `n_samples`
+            per question), "easy_greedy", "easy_sampled" on the target world's held-out
+            questions (test + test_entities; hard = `is_hard`, easy = 2-hop bridges), and
+            "unseen_hard_sampled" on the hard questions of a world never trained on.
         reused: True when this call found the policy in the cache.
     """
 
@@ -225,28 +226,41 @@ def init_model(
         config.sft.batch_size,
     )
     target_env = config.env.make_env(world.tasks, BM25Retriever.build(world.documents))
-    dev_env, dev_ids = _dev_set(config)
+    unseen_env, unseen_ids = _unseen_set(config)
     max_tokens = config.model.max_positions
 
-    def dev_em(m: Any) -> float:
-        backend = TransformersBackend(m, tokenizer, batch_size=128)
-        result = evaluate_policy(
-            backend,
-            dev_env,
-            dev_ids,
+    def evaluate(
+        m: Any, env: SearchQAEnv, ids: Sequence[str], temperature: float, n: int
+    ) -> PolicyEval:
+        return evaluate_policy(
+            TransformersBackend(m, tokenizer, batch_size=128),
+            env,
+            ids,
             codec,
+            temperature=temperature,
+            n_samples=n,
             max_new_tokens=config.eval.max_action_tokens,
             seed=config.eval.seed,
             max_total_tokens=max_tokens,
         )
-        return result.em
+
+    if config.eval.select_on == "target_dev":
+        dev_env, dev_ids = target_env, [t.task_id for t in split.dev if is_hard(t)]
+        n_dev = config.eval.n_dev_samples
+    else:
+        dev_env, dev_ids, n_dev = unseen_env, unseen_ids, 1
+    if not dev_ids:
+        raise ValueError(
+            f"no hard dev questions to select a checkpoint on ({config.eval.select_on}); "
+            "use a larger world or --policy.eval.select-on unseen_world"
+        )
 
     result = train_sft(
         model,
         encoded,
         config.sft,
         pad_id=tokenizer.pad_token_id,
-        evaluate=dev_em,
+        evaluate=lambda m: evaluate(m, dev_env, dev_ids, 1.0, n_dev).em,
         progress=progress,
     )
     chosen = select_checkpoint(result.checkpoints, config.sft.band)
@@ -254,29 +268,19 @@ def init_model(
     model.eval()
     log.info("selected warm-start step %d (dev sampled EM %.3f)", chosen.step, chosen.dev_em)
 
-    backend = TransformersBackend(model, tokenizer, batch_size=128)
-    heldout = list(split_ids["test"]) + list(split_ids["test_entities"])
-    hard = [t for t in heldout if is_hard(world.tasks[t])]
-    evals = {}
-    for name, ids, temperature, n in (
-        ("heldout_greedy", heldout, 0.0, 1),
-        ("heldout_sampled", heldout, 1.0, config.eval.n_samples),
-        ("hard_greedy", hard, 0.0, 1),
-        ("hard_sampled", hard, 1.0, config.eval.n_samples),
-    ):
-        evals[name] = evaluate_policy(
-            backend,
-            target_env,
-            ids,
-            codec,
-            temperature=temperature,
-            n_samples=n,
-            max_new_tokens=config.eval.max_action_tokens,
-            seed=config.eval.seed + 1,
-            max_total_tokens=max_tokens,
-            progress=progress,
-        )
-        log.info("%s: EM %.3f %s", name, evals[name].em, _rounded(evals[name].em_by_kind))
+    heldout = [world.tasks[t] for t in (*split_ids["test"], *split_ids["test_entities"])]
+    hard = [t.task_id for t in heldout if is_hard(t)]
+    easy = [t.task_id for t in heldout if not is_hard(t)]
+    n = config.eval.n_samples
+    evals = {
+        "hard_greedy": evaluate(model, target_env, hard, 0.0, 1),
+        "hard_sampled": evaluate(model, target_env, hard, 1.0, n),
+        "easy_greedy": evaluate(model, target_env, easy, 0.0, 1),
+        "easy_sampled": evaluate(model, target_env, easy, 1.0, n),
+        "unseen_hard_sampled": evaluate(model, unseen_env, unseen_ids, 1.0, 1),
+    }
+    for name, value in evals.items():
+        log.info("%s: EM %.3f %s", name, value.em, _rounded(value.em_by_kind))
 
     sft = {
         "n_params": result.n_params,
@@ -385,17 +389,13 @@ def _tokenizer(
     return load_tokenizer(directory)
 
 
-def _dev_set(config: TinyPolicyConfig) -> tuple[SearchQAEnv, list[str]]:
-    """Hard questions of a world never used for training, for checkpoint selection.
-
-    An unseen world gives several times more hard questions than the target's dev split, and
-    leaves that split untouched for the trainer.
-    """
-    dev_world = World.generate(config.eval.dev_world_seed, config.world)
-    hard = [t.task_id for t in dev_world.tasks if is_hard(t)]
+def _unseen_set(config: TinyPolicyConfig) -> tuple[SearchQAEnv, list[str]]:
+    """Hard questions of a world never used for training (tests reading, not memory)."""
+    unseen = World.generate(config.eval.dev_world_seed, config.world)
+    hard = [t.task_id for t in unseen.tasks if is_hard(t)]
     random.Random(config.eval.seed).shuffle(hard)
-    env = config.env.make_env(dev_world.tasks, BM25Retriever.build(dev_world.documents))
-    return env, hard[: config.eval.n_dev_questions]
+    env = config.env.make_env(unseen.tasks, BM25Retriever.build(unseen.documents))
+    return env, hard[: config.eval.n_unseen_questions]
 
 
 def _rounded(values: dict[str, float]) -> dict[str, float]:

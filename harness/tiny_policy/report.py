@@ -11,7 +11,7 @@ __all__ = ["summary_table"]
 
 def summary_table(artifacts: PolicyArtifacts) -> Table:
     """EM of the warm-started policy on held-out questions, greedy and sampled, by kind."""
-    sft = artifacts.sft
+    sft, evals = artifacts.sft, artifacts.evals
     cached = " (cached)" if artifacts.reused else ""
     table = Table(
         title=(
@@ -19,17 +19,25 @@ def summary_table(artifacts: PolicyArtifacts) -> Table:
             f"{sft['n_steps']}, {sft['wall_s']:.0f} s warm start; {artifacts.policy_dir}"
         )
     )
-    greedy, sampled = artifacts.evals["heldout_greedy"], artifacts.evals["heldout_sampled"]
-    table.add_column("held-out kind")
-    table.add_column("questions", justify="right")
+    n_samples = evals["hard_sampled"].n_samples
+    table.add_column("held-out questions")
+    table.add_column("n", justify="right")
     table.add_column("greedy EM", justify="right")
-    table.add_column(f"sampled EM (T=1, x{sampled.n_samples})", justify="right")
-    for kind, n in greedy.n_by_kind.items():
+    table.add_column(f"sampled EM (T=1, x{n_samples})", justify="right")
+    table.add_column("mixed", justify="right")
+    for group in ("easy", "hard"):
+        greedy, sampled = evals[f"{group}_greedy"], evals[f"{group}_sampled"]
+        for kind, n in greedy.n_by_kind.items():
+            g, s = greedy.em_by_kind[kind], sampled.em_by_kind[kind]
+            table.add_row(kind, str(n), f"{g:.3f}", f"{s:.3f}", "")
         table.add_row(
-            kind, str(n), f"{greedy.em_by_kind[kind]:.3f}", f"{sampled.em_by_kind[kind]:.3f}"
+            f"{group} kinds",
+            str(greedy.n_episodes),
+            f"{greedy.em:.3f}",
+            f"{sampled.em:.3f}",
+            f"{sampled.mixed:.3f}",
+            style="bold",
         )
-    hard_g, hard_s = artifacts.evals["hard_greedy"], artifacts.evals["hard_sampled"]
-    n_hard = hard_g.n_episodes
-    table.add_row("hard kinds", str(n_hard), f"{hard_g.em:.3f}", f"{hard_s.em:.3f}", style="bold")
-    table.add_row("all", str(greedy.n_episodes), f"{greedy.em:.3f}", f"{sampled.em:.3f}")
+    unseen = evals["unseen_hard_sampled"]
+    table.add_row("hard, unseen world", str(unseen.n_episodes), "", f"{unseen.em:.3f}", "")
     return table

@@ -113,6 +113,7 @@ def train_sft(
     )
     n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     batches = _batches(demos, config.batch_size, rng, pad_id)
+    sampler = torch.Generator().manual_seed(config.seed)
     log_records: list[dict[str, float]] = []
     checkpoints: list[Checkpoint] = []
     start = time.perf_counter()
@@ -128,19 +129,15 @@ def train_sft(
         lr = _lr(step, config)
         for group in optim.param_groups:
             group["lr"] = lr
-        logits = model(input_ids=ids).logits[:, :-1].float()  # (B, T-1, V)
-        nll = F.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
-        w = weights[:, 1:]  # (B, T-1)
-        loss = (nll * w).sum() / w.sum().clamp(min=1e-6)
+        loss, action_loss = _weighted_loss(model, ids, weights, action, config, sampler)
         optim.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optim.step()
         step += 1
         bar.update(1)
-        learn = (w == 1.0) & action[:, 1:]  # (B, T-1) the imitated action tokens
         window["loss"] += loss.item()
-        window["action_loss"] += (nll[learn].mean().item()) if learn.any() else 0.0
+        window["action_loss"] += action_loss
         window["n"] += 1
         window["tokens"] += int((ids != pad_id).sum())
         n_tokens += int((ids != pad_id).sum())
@@ -186,6 +183,38 @@ def train_sft(
         checkpoints=tuple(checkpoints),
         stopped_early=stopped_early,
     )
+
+
+def _weighted_loss(
+    model: PreTrainedModel,
+    ids: torch.Tensor,
+    weights: torch.Tensor,
+    action: torch.Tensor,
+    config: SFTConfig,
+    sampler: torch.Generator,
+) -> tuple[torch.Tensor, float]:
+    """Weighted next-token loss, with the output layer applied only where a loss is taken.
+
+    Prompt and observation positions carry a small LM weight; only a random `lm_sample_rate`
+    share of them is scored, at weight / rate, so the loss is unchanged in expectation while
+    the vocabulary projection (a third of a tiny model's compute) mostly runs on action tokens.
+
+    Returns:
+        The loss to minimise, and the mean loss on imitated action tokens (for the log).
+    """
+    hidden = model.base_model(input_ids=ids).last_hidden_state[:, :-1]  # (B, T-1, H)
+    targets, w, is_action = ids[:, 1:], weights[:, 1:], action[:, 1:]  # (B, T-1) each
+    denominator = w.sum().clamp(min=1e-6)  # the full weight mass: sampling keeps its expectation
+    rate = config.lm_sample_rate
+    if rate < 1:
+        keep = torch.rand(w.shape, generator=sampler) < rate  # (B, T-1)
+        w = torch.where(is_action, w, torch.where(keep, w / rate, torch.zeros_like(w)))
+    scored = w > 0  # (B, T-1)
+    logits = model.get_output_embeddings()(hidden[scored]).float()  # (N, V)
+    nll = F.cross_entropy(logits, targets[scored], reduction="none")  # (N,)
+    loss = (nll * w[scored]).sum() / denominator
+    learned = (w[scored] == 1.0) & is_action[scored]  # (N,) the imitated action tokens
+    return loss, nll[learned].mean().item() if learned.any() else 0.0
 
 
 def _lr(step: int, config: SFTConfig) -> float:

@@ -40,7 +40,7 @@ TINY_RECIPE = TinyPolicyConfig(
     demos=DemosConfig(n_worlds=1, target_variants=1),
     sft=SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
     env=EnvSettings(max_turns=3),
-    eval=EvalConfig(n_dev_questions=4, n_samples=1, max_action_tokens=12),
+    eval=EvalConfig(n_unseen_questions=4, n_dev_samples=1, n_samples=1, max_action_tokens=12),
 )
 
 

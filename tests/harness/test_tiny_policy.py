@@ -330,3 +330,29 @@ def test_select_checkpoint_prefers_the_band_middle_and_the_latest_on_ties():
 def test_sft_config_validates():
     with pytest.raises(ValueError, match="band"):
         SFTConfig(band=(0.7, 0.3))
+
+
+def test_scoring_only_weighted_positions_equals_the_full_loss(tokenizer):
+    from harness.tiny_policy.sft import _weighted_loss
+
+    model = build_model(TINY, tokenizer)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, len(tokenizer), (3, 20), generator=g)
+    action = torch.rand(3, 20, generator=g) < 0.3
+    weights = torch.where(action, 1.0, 0.1)
+    weights[0, 10:] = 0.0  # padding
+    loss, action_loss = _weighted_loss(
+        model, ids, weights, action, SFTConfig(lm_sample_rate=1.0), g
+    )
+    nll = torch.nn.functional.cross_entropy(
+        model(input_ids=ids).logits[:, :-1].transpose(1, 2), ids[:, 1:], reduction="none"
+    )
+    w = weights[:, 1:]
+    assert loss.item() == pytest.approx(((nll * w).sum() / w.sum()).item(), rel=1e-5)
+    learned = (w == 1.0) & action[:, 1:]
+    assert action_loss == pytest.approx(nll[learned].mean().item(), rel=1e-5)
+    # Sampling the LM positions changes which are scored, never the action tokens' loss.
+    _, sampled_action_loss = _weighted_loss(
+        model, ids, weights, action, SFTConfig(lm_sample_rate=0.25), g
+    )
+    assert sampled_action_loss == pytest.approx(action_loss, rel=1e-5)

@@ -45,7 +45,7 @@ SMALL = TinyPolicyConfig(
     demos=DemoConfig(n_worlds=1, target_variants=1),
     sft=SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
     env=EnvSettings(max_turns=4),
-    eval=EvalConfig(n_dev_questions=4, n_samples=2, max_action_tokens=16),
+    eval=EvalConfig(n_unseen_questions=4, n_dev_samples=1, n_samples=2, max_action_tokens=16),
 )
 
 
@@ -66,14 +66,17 @@ def test_init_model_writes_a_loadable_policy_and_its_record(built):
     assert [c["step"] for c in artifacts.sft["dev_curve"]] == [3, 6]
     assert artifacts.sft["selected_step"] in (3, 6)
     assert set(artifacts.evals) == {
-        "heldout_greedy",
-        "heldout_sampled",
         "hard_greedy",
         "hard_sampled",
+        "easy_greedy",
+        "easy_sampled",
+        "unseen_hard_sampled",
     }
-    sampled = artifacts.evals["heldout_sampled"]
+    hard, easy = artifacts.evals["hard_sampled"], artifacts.evals["easy_sampled"]
     n_heldout = len(artifacts.split["test"]) + len(artifacts.split["test_entities"])
-    assert sampled.n_episodes == 2 * n_heldout and sampled.temperature == 1.0
+    assert hard.n_episodes + easy.n_episodes == 2 * n_heldout  # every held-out question, x2
+    assert hard.temperature == easy.temperature == 1.0
+    assert artifacts.evals["unseen_hard_sampled"].n_episodes == 4
     assert artifacts.env_settings["top_k"] == SMALL.env.top_k
 
 
@@ -175,8 +178,10 @@ def test_cli_init_model_builds_then_reports_the_cache(tmp_path, capsys):
         "4",
         "--policy.sft.eval-from",
         "2",
-        "--policy.eval.n-dev-questions",
+        "--policy.eval.n-unseen-questions",
         "4",
+        "--policy.eval.n-dev-samples",
+        "1",
         "--policy.eval.n-samples",
         "1",
         "--policy.eval.max-action-tokens",
@@ -191,6 +196,6 @@ def test_cli_init_model_builds_then_reports_the_cache(tmp_path, capsys):
     ]
     assert tracerl(flags) == 0
     first = capsys.readouterr().out
-    assert "hard kinds" in first and "(cached)" not in first
+    assert "hard kinds" in first and "unseen world" in first and "(cached)" not in first
     assert tracerl(flags) == 0
     assert "(cached)" in capsys.readouterr().out
