@@ -46,7 +46,7 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from benchmarks.env_fork import run_meta
+from benchmarks.meta import run_meta
 from trace_alloc import (
     BudgetLimit,
     HashedNgramFeaturizer,

@@ -33,7 +33,7 @@ import tyro
 from rich.console import Console
 from rich.table import Table
 
-from benchmarks.retrieval_bm25 import run_meta  # one definition of a run's metadata
+from benchmarks.meta import run_meta
 from envs import EnvSnapshot, SearchQAEnv, World
 from retrieval.bm25 import BM25Retriever
 

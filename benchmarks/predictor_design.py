@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from benchmarks.alloc_sim import Args as SimArgs
 from benchmarks.alloc_sim import SimExecutor, World
-from benchmarks.env_fork import run_meta
+from benchmarks.meta import run_meta
 from trace_alloc import (
     BudgetLimit,
     Featurizer,

@@ -14,13 +14,9 @@ Run: `python -m benchmarks.retrieval_bm25 --json` (`--quick` for a smoke test).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
-import os
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -31,6 +27,7 @@ import bm25s
 import Stemmer
 import tyro
 
+from benchmarks.meta import run_meta
 from retrieval import BM25Retriever, Document, index_text
 
 log = logging.getLogger(__name__)
@@ -71,34 +68,6 @@ class Args:
     def __post_init__(self) -> None:
         if self.quick:
             self.n_docs, self.n_queries, self.n_rank_queries, self.repeats = 3_000, 50, 10, 1
-
-
-def run_meta() -> dict[str, Any]:
-    """Date, commit, CPU, Python and argv of this run."""
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
-    except OSError:
-        commit = ""
-    cpu = platform.machine()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines()
-                 if ln.startswith("model name")]  # fmt: skip
-        cpu = names[0] if names else cpu
-    return {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "commit": commit,
-        "cpu": cpu,
-        "n_cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "argv": sys.argv,
-    }
 
 
 def bench_corpus(

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 import tyro
 
-from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus, run_meta
+from benchmarks.meta import run_meta
+from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus
 from retrieval import DenseRetriever, Encoder, SentenceEncoder
 
 

@@ -35,7 +35,8 @@ import numpy as np
 import psutil
 import tyro
 
-from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus, run_meta
+from benchmarks.meta import run_meta
+from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus
 from retrieval import DenseRetriever, HTTPRetriever, Retriever, SentenceEncoder
 from retrieval.batching import BatchingConfig, MicroBatcher
 

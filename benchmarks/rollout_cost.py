@@ -157,7 +157,7 @@ def main(args: Args) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from benchmarks.retrieval_bm25 import run_meta
+    from benchmarks.meta import run_meta
     from harness.backends import SamplingParams
     from harness.engine import TreeRolloutEngine
     from harness.episodes import EpisodeCodec
