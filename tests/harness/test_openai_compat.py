@@ -14,11 +14,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from harness.backends.base import PolicyBackend, SamplingParams
-from harness.backends.openai_compat import (
+from harness.backends import (  # the package's public names
     EndpointConfig,
     OpenAICompatBackend,
     OpenAICompatClient,
+    PolicyBackend,
+    SamplingParams,
 )
 from harness.errors import ContextLengthExceeded, EndpointError, EndpointRejected
 
