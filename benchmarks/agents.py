@@ -11,8 +11,9 @@ Backends:
   envs package's `OracleAgent` and `NaiveAgent`, and `DecompositionOracle` below).
 - `PolicyAgent`: any `PolicyBackend` (`TransformersBackend` for a local model directory,
   `VLLMBackend` for vLLM offline, `OpenAICompatBackend` for a vLLM server) plus its tokenizer.
-  The transcript is kept as token ids: each observation is tokenised once and appended, so the
-  generated tokens are never re-tokenised (the harness's rule).
+  The transcript is kept as token ids, encoded by the harness's `EpisodeCodec` (BOS + prompt,
+  each observation tokenised once and appended), so the generated tokens are never
+  re-tokenised and evaluation sees the token layout training does.
 - `HTTPAgent`: any OpenAI-compatible endpoint through `OpenAICompatClient`, with the transcript
   as text (`/v1/completions`) or as chat messages (`/v1/chat/completions`, for hosted APIs).
 
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from benchmarks.qa_datasets import LoadedDataset, SubQuestion
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
+from harness.episodes import EpisodeCodec
 from harness.errors import ContextLengthExceeded, EndpointRejected
 
 if TYPE_CHECKING:
@@ -268,6 +270,7 @@ class PolicyAgent:
         self._name = name
         self.backend = backend
         self.tokenizer = tokenizer
+        self.codec = EpisodeCodec(tokenizer)
         self.sampling = sampling
         self.chat_template = chat_template
         self.max_context_tokens = max_context_tokens
@@ -288,7 +291,7 @@ class PolicyAgent:
         }
 
     def start(self, prompt: str, info: Mapping[str, Any]) -> _TokenState:
-        """Tokenise the prompt: through the chat template when asked, else BOS + the text."""
+        """Tokenise the prompt: through the chat template when asked, else as training does."""
         if self.chat_template:
             ids = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
@@ -296,10 +299,7 @@ class PolicyAgent:
             if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
                 ids = ids["input_ids"]
             return _TokenState(ids=[int(t) for t in ids])
-        # the training harness's convention: BOS (if any), then the text with no specials
-        bos = getattr(self.tokenizer, "bos_token_id", None)
-        text_ids = self.tokenizer.encode(prompt, add_special_tokens=False)
-        return _TokenState(ids=([] if bos is None else [int(bos)]) + [int(t) for t in text_ids])
+        return _TokenState(ids=self.codec.encode_prompt(prompt))
 
     def act(
         self,
@@ -312,7 +312,7 @@ class PolicyAgent:
         todo: list[int] = []
         for i, (state, obs) in enumerate(zip(states, observations, strict=True)):
             if obs:
-                state.ids.extend(self.tokenizer.encode(obs, add_special_tokens=False))
+                state.ids.extend(self.codec.encode_text(obs))
             if len(state.ids) + self.sampling.max_new_tokens > self.max_context_tokens:
                 actions[i] = AgentAction(text="", finish_reason="context")
             else:

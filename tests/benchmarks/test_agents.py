@@ -170,6 +170,19 @@ def test_policy_agent_appends_observation_tokens_without_retokenising() -> None:
     assert agent.settings()["sampling"]["max_new_tokens"] == 64
 
 
+def test_policy_agent_feeds_the_policy_what_the_training_harness_does() -> None:
+    from harness.episodes import EpisodeCodec, run_episodes
+
+    tokenizer = CharTokenizer()
+    evaluated, trained = ScriptedBackend(), ScriptedBackend()
+    agent = PolicyAgent("fake", evaluated, tokenizer, SamplingParams(max_new_tokens=64))
+    evaluate(agent, _env_factory(), TASKS[:1])
+    run_episodes(
+        trained, _env_factory()(), ["acme"], EpisodeCodec(tokenizer), sampling=agent.sampling
+    )
+    assert evaluated.calls == trained.calls and len(trained.calls) == 2
+
+
 def test_policy_agent_stops_an_episode_that_outgrows_the_context() -> None:
     agent = PolicyAgent(
         "fake",
