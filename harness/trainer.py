@@ -77,6 +77,7 @@ __all__ = [
     "TrainSummary",
     "config_from_dict",
     "load_config",
+    "rollout_metrics",
     "train",
 ]
 
@@ -447,8 +448,17 @@ def _lr(step: int, optim: OptimConfig) -> float:
     return optim.lr * min(1.0, step / optim.warmup_steps)
 
 
-def _rollout_metrics(result: StepResult) -> dict[str, float]:
-    """Contrast, outcome and behaviour statistics of one step's trees."""
+def rollout_metrics(result: StepResult) -> dict[str, float]:
+    """Contrast, outcome and behaviour statistics of one step's trees.
+
+    One definition of the `rollout/*` keys, shared by this trainer and the OpenRLHF one.
+
+    Args:
+        result: One rollout step's trees and allocation statistics.
+
+    Returns:
+        The `rollout/*` metrics, NaN where a step has nothing to average.
+    """
     stats = result.stats
     rewards, ems, lengths, searches, turns = [], [], [], [], []
     n_actions = n_valid = 0
@@ -715,7 +725,7 @@ def train(config: TrainConfig) -> TrainSummary:
         rollout_stats = engine.stats
         carry, tokens_per_leaf = result.carry, result.tokens_per_leaf or tokens_per_leaf
         totals = totals + result.spent
-        record: dict[str, Any] = _rollout_metrics(result)
+        record: dict[str, Any] = rollout_metrics(result)
 
         # 3. predictor: calibration on unseen nodes first, then learn V̂ of every node
         histories, targets, counts = training_examples(result.trees)

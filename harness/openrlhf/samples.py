@@ -56,7 +56,7 @@ from harness.openrlhf.experience import (  # noqa: E402
     pad_to_multiple,
     token_advantages_of_episode,
 )
-from harness.trainer import _rollout_metrics  # noqa: E402  (one definition of the keys)
+from harness.trainer import rollout_metrics  # noqa: E402  (one definition of the keys)
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import (  # noqa: E402
     BudgetLimit,
@@ -431,7 +431,7 @@ def _draw(iterator: Iterator[Any], n: int) -> tuple[list[str], list[Any], bool]:
 def _step_metrics(result: StepResult, tokens_per_s: float, rollout_s: float) -> dict[str, float]:
     """The CPU trainer's rollout metrics (`tracerl plot` draws them), plus budget and timing."""
     return {
-        **_rollout_metrics(result),
+        **rollout_metrics(result),
         "budget/leaves": float(result.spent.n_leaves),
         "budget/tokens": float(result.spent.n_tokens),
         "budget/tool_calls": float(result.spent.n_tool_calls),

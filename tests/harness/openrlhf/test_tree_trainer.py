@@ -24,6 +24,7 @@ from harness.openrlhf.launcher import parse_openrlhf_args
 from harness.openrlhf.trainer import TreePPOTrainer, TreePPOTrainerBase
 from harness.tiny_policy.model import ModelConfig, build_model, save_policy
 from harness.tiny_policy.tokenizer import train_tokenizer
+from harness.trainer import rollout_metrics
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
 from trace_alloc import Spend, Trace, tree_advantages
@@ -247,6 +248,7 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
         assert record["budget/leaves"] <= 8 and record["budget/tokens"] > 0
         assert {"predictor/brier", "loss/policy", "rollout/reward", "perf/step_s"} <= set(record)
     assert records[-1]["budget/total_leaves"] == sum(r["budget/leaves"] for r in records)
+    assert set(rollout_metrics(step)) <= set(records[-1])  # the CPU trainer's rollout keys
     assert (trainer.state_dir(2) / "predictor.npz").is_file()
 
     # evaluation groups n independent episodes per prompt, as OpenRLHF's metrics expect
