@@ -76,9 +76,13 @@ def resolve(name: str) -> Callable[[list[str]], int | None]:
 
 
 def _setup_logging(level: int) -> None:
+    from rich.console import Console
     from rich.logging import RichHandler
 
-    handler = RichHandler(show_path=False, rich_tracebacks=False, markup=False)
+    # stderr, so that stdout carries only a command's output (`--json`'s last line stays parseable)
+    handler = RichHandler(
+        console=Console(stderr=True), show_path=False, rich_tracebacks=False, markup=False
+    )
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler])
 
 
