@@ -83,6 +83,9 @@ def _setup_logging(level: int) -> None:
     handler = RichHandler(
         console=Console(stderr=True), show_path=False, rich_tracebacks=False, markup=False
     )
+    # the handler filters too: bm25s sets its own logger to DEBUG at import, which the root
+    # level alone would let through to the user
+    handler.setLevel(level)
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler])
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,3 +84,18 @@ def test_search_and_serve_report_missing_indexes(tmp_path):
         index(["search", str(tmp_path / "absent"), "q"])
     with pytest.raises(SystemExit, match="does not exist"):
         serve_retriever(["--index", str(tmp_path / "absent")])
+
+
+def test_tracerl_shows_library_debug_lines_only_with_verbose(corpus_file, tmp_path):
+    # bm25s sets its logger to DEBUG at import; the user sees its debug line only under -v
+    def build(*flags: str) -> str:
+        out = str(tmp_path / "i")
+        argv = [sys.executable, "-m", "harness.cli", *flags, "index", "build",
+                "--corpus", str(corpus_file), "--out", out, "--overwrite"]  # fmt: skip
+        done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300)
+        return done.stderr
+
+    quiet, verbose = build(), build("-v")
+    assert "built BM25 index" in quiet  # INFO still shows
+    assert "Building index from IDs" not in quiet
+    assert "Building index from IDs" in verbose  # the line exists; the level hides it
