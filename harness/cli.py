@@ -86,6 +86,9 @@ def _setup_logging(level: int) -> None:
     # the handler filters too: bm25s sets its own logger to DEBUG at import, which the root
     # level alone would let through to the user
     handler.setLevel(level)
+    if level > logging.DEBUG:
+        # httpx logs every request at INFO: a line per search step of an env on a remote index
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler])
 
 

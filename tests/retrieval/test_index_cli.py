@@ -79,6 +79,19 @@ def test_search_a_running_server_by_url(toy_server, capsys):
     assert "d3" in capsys.readouterr().out
 
 
+def test_tracerl_does_not_log_each_http_request_without_verbose(toy_server):
+    # httpx logs every request at INFO; an env searching a server would print one per step
+    def search(*flags: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "harness.cli", *flags, "index", "search", toy_server.url,
+                "river Paris", "-k", "1"]  # fmt: skip
+        return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300)
+
+    quiet, verbose = search(), search("-v")
+    assert "d3" in quiet.stdout
+    assert "HTTP Request" not in quiet.stderr
+    assert "HTTP Request" in verbose.stderr
+
+
 def test_search_and_serve_report_missing_indexes(tmp_path):
     with pytest.raises(SystemExit, match="neither an http"):
         index(["search", str(tmp_path / "absent"), "q"])
