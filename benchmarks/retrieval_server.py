@@ -12,6 +12,8 @@ machine), for both modes. The clients' CPU time per request is reported too: on 
 the clients share the cores with the server, so throughput is bounded by both. The same two
 configurations of `retrieval.batching.MicroBatcher` are also timed in this process without
 HTTP (`in_process`), which separates the gain of batching from the cost of the HTTP path.
+`--kind bm25` serves a BM25 index instead: there a batch saves only per-call overhead (each
+query is still scored on its own), so it shows what batching gives when no encoder runs.
 
 Run: `python -m benchmarks.retrieval_server --json` (`--quick` for a smoke test).
 """
@@ -29,7 +31,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import psutil
@@ -37,7 +39,7 @@ import tyro
 
 from benchmarks.meta import run_meta
 from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus
-from retrieval import DenseRetriever, HTTPRetriever, Retriever, SentenceEncoder
+from retrieval import BM25Retriever, DenseRetriever, HTTPRetriever, Retriever, SentenceEncoder
 from retrieval.batching import BatchingConfig, MicroBatcher
 
 
@@ -45,8 +47,10 @@ from retrieval.batching import BatchingConfig, MicroBatcher
 class Args:
     """Server batching benchmark options."""
 
+    kind: Literal["dense", "bm25"] = "dense"
+    """the index served: dense (MiniLM + faiss flat) or bm25"""
     n_docs: int = 1_000
-    """documents in the dense index (query encoding, not search, dominates a request)"""
+    """documents in the index (for dense, query encoding, not search, dominates a request)"""
     n_requests: int = 3_000
     """timed requests per mode, one query each"""
     concurrency: int = 64
@@ -178,7 +182,7 @@ def _serve_and_load(index_dir: Path, extra: list[str], args: Args, queries: list
 
 
 def main(args: Args) -> dict[str, Any]:
-    """Build a dense index, then load-test it served with and without micro-batching."""
+    """Build the index, then load-test it served with and without micro-batching."""
     documents, queries, counts = bench_corpus(args.n_docs, args.data_dir)
     print(f"corpus: {len(documents):,} documents {counts}", file=sys.stderr)
     if args.threads is not None:
@@ -188,8 +192,12 @@ def main(args: Args) -> dict[str, Any]:
         torch.set_num_threads(args.threads)  # the in-process run matches the servers
         faiss.omp_set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        index_dir = Path(tmp) / "dense"
-        retriever = DenseRetriever.build(documents, SentenceEncoder(), progress=True)
+        index_dir = Path(tmp) / args.kind
+        retriever: DenseRetriever | BM25Retriever = (
+            DenseRetriever.build(documents, SentenceEncoder(), progress=True)
+            if args.kind == "dense"
+            else BM25Retriever.build(documents, progress=True)
+        )
         retriever.save(index_dir)
         in_process = {
             mode: asyncio.run(
@@ -220,6 +228,7 @@ def main(args: Args) -> dict[str, Any]:
             "batched_over_unbatched_throughput": in_process["batched"]["throughput_rps"]
             / in_process["unbatched"]["throughput_rps"],
         },
+        "kind": args.kind,
         "n_documents": len(documents),
         "args": {k: str(v) for k, v in asdict(args).items()},
         "meta": run_meta(),

@@ -44,6 +44,19 @@ def test_server_benchmark(tmp_path):
     assert result["batched"]["n_requests"] == result["unbatched"]["n_requests"]
 
 
+def test_server_benchmark_on_bm25(tmp_path):
+    result = _run(
+        "benchmarks.retrieval_server", "--kind", "bm25", "--data-dir", str(tmp_path / "none")
+    )
+    assert result["kind"] == "bm25"
+    assert result["batched_over_unbatched_throughput"] > 0
+    assert result["unbatched"]["server_stats"]["largest_batch"] == 1
+    assert (
+        result["batched"]["server_stats"]["n_requests"]
+        == result["unbatched"]["server_stats"]["n_requests"]
+    )
+
+
 @pytest.mark.slow
 def test_dense_benchmark(tmp_path):
     result = _run("benchmarks.retrieval_dense", "--data-dir", str(tmp_path / "none"))
