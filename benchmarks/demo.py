@@ -26,8 +26,7 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.agents import PolicyAgent
-from benchmarks.evaluation import Report, evaluate
+from benchmarks.evaluation import Report, evaluate_policy_dir
 from benchmarks.report import write_reports
 from envs.tasks import QATask
 
@@ -75,21 +74,16 @@ def _evaluate(
     config: DemoConfig,
     max_new_tokens: int,
 ) -> Report:
-    from harness.backends import SamplingParams, TransformersBackend
-
-    # one seeded stream per evaluation (a fixed per-call seed would reuse the same random
-    # numbers every turn); before and after draw from the same stream
-    backend = TransformersBackend(policy_dir, seed=config.seed)
-    agent = PolicyAgent(
-        name,
-        backend,
-        backend.tokenizer,
-        SamplingParams(temperature=config.eval_temperature, max_new_tokens=max_new_tokens),
-        max_context_tokens=int(backend.model.config.max_position_embeddings),
-        settings={"policy": str(policy_dir)},
-    )
-    return evaluate(
-        agent, env_factory, tasks, batch_size=64, seed=config.seed, progress=config.progress
+    # before and after draw from the same seeded sampling stream
+    return evaluate_policy_dir(
+        policy_dir,
+        env_factory,
+        tasks,
+        name=name,
+        temperature=config.eval_temperature,
+        max_new_tokens=max_new_tokens,
+        seed=config.seed,
+        progress=config.progress,
     )
 
 

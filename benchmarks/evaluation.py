@@ -25,6 +25,7 @@ import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks.agents import Agent, AgentAction
@@ -38,6 +39,7 @@ __all__ = [
     "TurnLog",
     "aggregate",
     "evaluate",
+    "evaluate_policy_dir",
 ]
 
 log = logging.getLogger(__name__)
@@ -444,3 +446,47 @@ def _progress_bar(total: int, name: str) -> Any:
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=f"bench {name}", unit="q", dynamic_ncols=True)
+
+
+def evaluate_policy_dir(
+    policy_dir: Path,
+    env_factory: Callable[[], Any],
+    tasks: Iterable[QATask],
+    *,
+    name: str,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> Report:
+    """Evaluate a local transformers policy directory (a tiny policy, or a trained one).
+
+    The policy samples from one seeded stream for the whole evaluation (a fixed per-call seed
+    would reuse the same random numbers every turn), so two policies evaluated with the same
+    `seed` draw from the same stream: the comparison the demo and the experiment make.
+
+    Args:
+        policy_dir: A transformers causal-LM directory with its tokenizer.
+        env_factory: See `evaluate`.
+        tasks: The questions (repeat a task to sample it several times).
+        name: The label in reports.
+        temperature: 1 samples the policy's own distribution; 0 is greedy.
+        max_new_tokens: Cap per action.
+        seed: Seeds the sampling stream and every `env.reset`.
+        batch_size: Episodes in flight at once (one model batch).
+        progress: Draw a tqdm bar.
+    """
+    from benchmarks.agents import PolicyAgent
+    from harness.backends import SamplingParams, TransformersBackend
+
+    backend = TransformersBackend(policy_dir, seed=seed)
+    agent = PolicyAgent(
+        name,
+        backend,
+        backend.tokenizer,
+        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        max_context_tokens=int(backend.model.config.max_position_embeddings),
+        settings={"policy": str(policy_dir)},
+    )
+    return evaluate(agent, env_factory, tasks, batch_size=batch_size, seed=seed, progress=progress)

@@ -7,45 +7,13 @@ import json
 import pytest
 
 from benchmarks.demo import DemoConfig, demo, run_demo
-from envs import WorldConfig
 from harness.metrics_log import read_metrics
-from harness.tiny_policy import (
-    DemoConfig as DemosConfig,
-)
-from harness.tiny_policy import (
-    EnvSettings,
-    EvalConfig,
-    ModelConfig,
-    SFTConfig,
-    TinyPolicyConfig,
-)
 
 pytest.importorskip("openrlhf")
 
-TINY_RECIPE = TinyPolicyConfig(
-    world=WorldConfig(
-        n_countries=3,
-        n_cities=8,
-        n_people=60,
-        n_films=8,
-        n_books=6,
-        n_companies=4,
-        n_universities=3,
-        n_distractors=5,
-        sentences_per_doc=2,
-        questions_per_kind=2,
-    ),
-    vocab_size=600,
-    model=ModelConfig(hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128),
-    demos=DemosConfig(n_worlds=1, target_variants=1),
-    sft=SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
-    env=EnvSettings(max_turns=3),
-    eval=EvalConfig(n_unseen_questions=4, n_dev_samples=1, n_samples=1, max_action_tokens=12),
-)
-
 
 @pytest.mark.slow
-def test_demo_trains_evaluates_reports_and_reuses_its_caches(tmp_path):
+def test_demo_trains_evaluates_reports_and_reuses_its_caches(tmp_path, tiny_recipe):
     config = DemoConfig(
         run_dir=tmp_path / "demo",
         steps=2,
@@ -55,7 +23,7 @@ def test_demo_trains_evaluates_reports_and_reuses_its_caches(tmp_path):
         eval_questions=4,
         progress=False,
     )
-    first = run_demo(config, TINY_RECIPE)
+    first = run_demo(config, tiny_recipe)
     assert not first["policy_reused"] and not first["rl_reused"]
     assert first["n_questions"] == 4
     for side in ("before", "after"):
@@ -67,7 +35,7 @@ def test_demo_trains_evaluates_reports_and_reuses_its_caches(tmp_path):
     assert (config.run_dir / "rl" / "curves.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((config.run_dir / "demo.json").read_text())["after"] == first["after"]
 
-    second = run_demo(config, TINY_RECIPE)  # a warm cache: nothing is rebuilt or retrained
+    second = run_demo(config, tiny_recipe)  # a warm cache: nothing is rebuilt or retrained
     assert second["policy_reused"] and second["rl_reused"]
     assert second["after"]["em"] == first["after"]["em"]  # same questions, same seed
     assert second["times"]["train_s"] < first["times"]["train_s"]

@@ -1,0 +1,813 @@
+"""The headline experiment: TRACE against the baselines at equal sampling cost, with ablations.
+
+One command trains the warm-started tiny policy with every allocation method, from the same
+checkpoint, for the same number of steps, at the same budget per step, with several seeds,
+and evaluates every trained policy on the same held-out questions with the same sampling
+stream:
+
+- **methods**: `trace`, `uniform` (GRPO), `dynamic_sampling` (DAPO), `prompt_predictor`,
+  `random_tree` (Tree-GRPO), `entropy_tree` (branch at the turn of highest policy entropy);
+  a method is an allocator name, and everything else (engine, advantages, loss, optimizer) is
+  shared (`harness.trainer.train`);
+- **series**: the budget counted in leaves per step, and in generated tokens per step (the
+  token budget is the leaf budget times the start policy's measured tokens per episode);
+- **ablations** (leaf series): TRACE's Stage 1 x Stage 2 (uniform or active), the budget
+  configurations (M roots, N continuations per root) against GRPO at the same leaves, and
+  the predictor off (a constant p);
+- **test sets**: the hard questions (3-4-hop bridges, comparisons, inference) of a world
+  generated with a fresh seed (`test_world_seed`, never trained on: the primary figure), and
+  the held-out hard questions of the training world (its test and test_entities splits);
+- **outputs**: sampled EM and F1 (mean, spread, paired differences against GRPO), the
+  effective ratio, mixed anchors per step, the predictor's calibration, the budget in each
+  currency and the wall time; `experiment-NAME.json`, `experiment-NAME.md` and
+  `experiment-NAME.png` in `--results-dir`, and the section between
+  `<!-- experiment:NAME -->` markers in `--results-md`.
+
+Every run lives in its own directory under `--out-dir`; its evaluations are cached next to it.
+Rerunning the command resumes: finished runs and evaluations are read back, and a killed run
+continues from its latest checkpoint. `--workers 2` trains two runs at a time (one torch
+thread each: the fastest use of two cores for these tiny models).
+
+With `--backend openrlhf --model Qwen/Qwen3-8B --dataset hotpotqa` it prints (or, with
+`--launch`, runs one after another) the GPU commands of the same comparison through
+`scripts/train_qwen3_8b_hotpotqa.sh`; see docs/experiment.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any, Literal
+
+import tyro
+
+__all__ = ["ExperimentConfig", "RunSpec", "cli", "main", "run_specs"]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+METHODS = (
+    "trace",
+    "uniform",
+    "dynamic_sampling",
+    "prompt_predictor",
+    "random_tree",
+    "entropy_tree",
+)
+BASELINE = "uniform"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """`python -m benchmarks.experiment`: TRACE vs the baselines at equal cost, with ablations."""
+
+    name: str = "full"
+    """Names the results files and the RESULTS.md section."""
+    out_dir: Path = Path("runs/experiment")
+    """Run directories (one per method, series, seed) and the cached evaluations."""
+    policy_run_dir: Path = Path("runs/demo")
+    """Where `tracerl init-model` caches the default tiny policy (shared with `make run`)."""
+    methods: tuple[str, ...] = METHODS
+    seeds: tuple[int, ...] = (0, 1, 2)
+    steps: int = 16
+    """RL steps of every run."""
+    eval_at: tuple[int, ...] = (8, 16)
+    """Steps after which the policy is evaluated (the last must be `steps`)."""
+    leaves_per_step: int = 32
+    """The leaf series' budget per step; TRACE's default N=1 makes it M=16 roots."""
+    pool_size: int = 16
+    """Candidate questions per step."""
+    token_series: bool = True
+    """Also run every method with the budget counted in generated tokens."""
+    stage_ablation: bool = True
+    """TRACE with Stage 1 and Stage 2 each uniform or active (leaf series)."""
+    budgets: tuple[tuple[int, int], ...] = ((16, 2), (32, 1))
+    """(M, N) budget configurations: TRACE with N continuations per root at M(1+N) leaves per
+    step, against GRPO at the same leaves (leaf series; the main runs are (16, 1))."""
+    predictor_ablation: bool = True
+    """TRACE with a constant p = 0.5 (the predictor off)."""
+    lr: float = 2e-4
+    """Policy learning rate (the demo's)."""
+    test_world_seed: int = 2026
+    """The fresh world whose hard questions are the primary test set."""
+    test_questions: int = 0
+    """Questions of the fresh world's hard set (0: all of them)."""
+    test_samples: int = 2
+    """T=1 samples per fresh-world question."""
+    heldout_samples: int = 4
+    """T=1 samples per held-out question of the training world."""
+    eval_seed: int = 12345
+    """One sampling stream for every evaluation: every policy is compared on the same draws."""
+    workers: int = 1
+    """Runs trained at once (processes; one torch thread each)."""
+    results_dir: Path = Path("benchmarks/results")
+    results_md: Path | None = Path("benchmarks/RESULTS.md")
+    """The RESULTS file whose experiment section is (re)written; None leaves it alone."""
+    quick: bool = False
+    """Reduced: TRACE, GRPO and DAPO, one seed, 6 steps, no ablations, 64 test questions;
+    under 15 minutes with the tiny policy cached."""
+    progress: bool = True
+    json: bool = False
+    """Print one JSON object as the last line of stdout."""
+    backend: Literal["transformers", "openrlhf"] = "transformers"
+    """`openrlhf`: the GPU recipe (prints the commands; `--launch` runs them)."""
+    model: str = "Qwen/Qwen3-8B"
+    """openrlhf backend: the policy to train."""
+    dataset: Literal["hotpotqa"] = "hotpotqa"
+    """openrlhf backend: the training data (prepared by scripts/prepare_hotpotqa.py)."""
+    launch: bool = False
+    """openrlhf backend: run the commands (needs GPUs) instead of printing them."""
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.methods) - set(METHODS))
+        if unknown:
+            raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
+        if not self.seeds or not self.methods:
+            raise ValueError("need at least one method and one seed")
+        at = self.eval_at
+        if not self.quick and (not at or at[-1] != self.steps or list(at) != sorted(set(at))):
+            raise ValueError(f"eval_at={at} must increase, start >= 1 and end at steps")
+        if self.workers < 1:
+            raise ValueError(f"workers={self.workers}: must be >= 1")
+
+    def resolved(self) -> ExperimentConfig:
+        """The configuration actually run (`quick` applied)."""
+        if not self.quick:
+            return self
+        return dataclasses.replace(
+            self,
+            name="quick" if self.name == "full" else self.name,
+            methods=tuple(m for m in ("trace", "uniform", "dynamic_sampling") if m in self.methods)
+            or self.methods,
+            seeds=self.seeds[:1],
+            steps=6,
+            eval_at=(6,),
+            token_series=False,
+            stage_ablation=False,
+            budgets=(),
+            predictor_ablation=False,
+            test_questions=self.test_questions or 64,
+            test_samples=1,
+            heldout_samples=2,
+            quick=False,
+        )
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of the experiment.
+
+    Attributes:
+        group: `main` (a method), `stages`, `budget` or `predictor` (ablations).
+        label: The method, or the ablation's variant.
+        series: The budget's currency.
+        seed: The trainer's seed (data order, sampling, allocator, predictor).
+        alloc: The allocator's name and knobs (`harness.trainer.AllocConfig` fields).
+        per_step: Budget per step in `series` units; None for the token budget, which is
+            known once the start policy has been measured.
+        predictor: `mlp` or `constant`.
+    """
+
+    group: Literal["main", "stages", "budget", "predictor"]
+    label: str
+    series: Literal["leaves", "tokens"]
+    seed: int
+    alloc: tuple[tuple[str, Any], ...]
+    per_step: int | None
+    predictor: Literal["mlp", "constant"] = "mlp"
+
+    @property
+    def run_id(self) -> str:
+        """The run's directory name under `out_dir`."""
+        return f"{self.group}-{self.series}-{self.label}-s{self.seed}"
+
+
+def run_specs(config: ExperimentConfig) -> list[RunSpec]:
+    """Every run of the experiment, main comparisons first."""
+    specs: list[RunSpec] = []
+    series: list[Literal["leaves", "tokens"]] = ["leaves"]
+    if config.token_series:
+        series.append("tokens")
+    for currency in series:
+        per_step = config.leaves_per_step if currency == "leaves" else None
+        for seed in config.seeds:
+            for method in config.methods:
+                alloc = (("name", method),)
+                specs.append(RunSpec("main", method, currency, seed, alloc, per_step))
+    for seed in config.seeds:
+        if config.stage_ablation:
+            for s1, s2 in (("uniform", "uniform"), ("uniform", "active"), ("active", "uniform")):
+                alloc = (("name", "trace"), ("stage1", s1), ("stage2", s2))
+                label = f"s1_{s1}-s2_{s2}"
+                specs.append(
+                    RunSpec("stages", label, "leaves", seed, alloc, config.leaves_per_step)
+                )
+        for m, n in config.budgets:
+            leaves = m * (1 + n)
+            trace = (("name", "trace"), ("continuations_per_rollout", n))
+            specs.append(RunSpec("budget", f"trace-M{m}-N{n}", "leaves", seed, trace, leaves))
+            uniform = (("name", "uniform"),)
+            specs.append(RunSpec("budget", f"uniform-L{leaves}", "leaves", seed, uniform, leaves))
+        if config.predictor_ablation:
+            alloc = (("name", "trace"),)
+            specs.append(
+                RunSpec("predictor", "trace-constant_p", "leaves", seed, alloc,
+                        config.leaves_per_step, predictor="constant")
+            )  # fmt: skip
+    return specs
+
+
+# --- the shared start: policy, test sets, token budget -----------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Context:
+    """What every run needs; built once, passed to the workers."""
+
+    policy_dir: Path
+    tokens_per_step: int
+    config: ExperimentConfig
+
+
+def _test_sets(config: ExperimentConfig) -> dict[str, tuple[Any, Any, int]]:
+    """The two test sets: name -> (env factory, tasks, samples per question)."""
+    from envs import World
+    from harness.tiny_policy.pipeline import is_hard, load_artifacts
+    from retrieval.bm25 import BM25Retriever
+
+    artifacts = load_artifacts(config.policy_run_dir)
+    fresh = World.generate(config.test_world_seed, artifacts.config.world)
+    fresh_tasks = [t for t in fresh.tasks if is_hard(t)]
+    if config.test_questions:
+        fresh_tasks = fresh_tasks[: config.test_questions]
+    fresh_retriever = BM25Retriever.build(fresh.documents)
+    world = artifacts.world()
+    held_ids = [*artifacts.split["test"], *artifacts.split["test_entities"]]
+    held_tasks = [world.tasks[i] for i in held_ids if is_hard(world.tasks[i])]
+    env = artifacts.config.env
+    world_env = artifacts.make_env(world)
+    return {
+        "fresh_world": (
+            lambda: env.make_env(fresh.tasks, fresh_retriever),
+            fresh_tasks,
+            config.test_samples,
+        ),
+        "heldout": (
+            lambda: env.make_env(world.tasks, world_env.retriever),
+            held_tasks,
+            config.heldout_samples,
+        ),
+    }
+
+
+def _evaluate(
+    policy_dir: Path, label: str, config: ExperimentConfig, test_sets: dict[str, Any]
+) -> dict[str, Any]:
+    """EM, F1 and tokens per episode of one policy on every test set (same seed for all)."""
+    from benchmarks.evaluation import evaluate_policy_dir
+    from harness.tiny_policy.pipeline import load_artifacts
+
+    max_new_tokens = load_artifacts(config.policy_run_dir).config.eval.max_action_tokens
+    out: dict[str, Any] = {}
+    for name, (env_factory, tasks, n_samples) in test_sets.items():
+        report = evaluate_policy_dir(
+            policy_dir,
+            env_factory,
+            [t for t in tasks for _ in range(n_samples)],
+            name=label,
+            max_new_tokens=max_new_tokens,
+            seed=config.eval_seed,
+        )
+        m = report.overall
+        out[name] = {
+            "em": m.em,
+            "f1": m.f1,
+            "tokens": m.tokens,
+            "searches": m.searches,
+            "answered": m.answered,
+            "n": m.n,
+        }
+    return out
+
+
+def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict[str, Any]]:
+    """Build (or reuse) the tiny policy, evaluate it once, and fix the token budget."""
+    from harness.tiny_policy import TinyPolicyConfig, init_model
+
+    artifacts = init_model(
+        policy_config or TinyPolicyConfig(), config.policy_run_dir, progress=config.progress
+    )
+    path = config.out_dir / "start_eval.json"
+    key = {"policy": artifacts.config_hash, "eval": _eval_key(config)}
+    cached = _read_json(path)
+    if cached and cached.get("key") == key:
+        start_eval = cached["eval"]
+    else:
+        log.info("evaluating the start policy on the test sets")
+        start_eval = _evaluate(artifacts.policy_dir, "start", config, _test_sets(config))
+        _write_json(path, {"key": key, "eval": start_eval})
+    # The token series' budget: what the leaf budget costs the start policy on the training
+    # world, rounded to whole tokens.
+    tokens_per_step = round(config.leaves_per_step * start_eval["heldout"]["tokens"])
+    context = _Context(
+        policy_dir=artifacts.policy_dir, tokens_per_step=tokens_per_step, config=config
+    )
+    return context, start_eval
+
+
+def _eval_key(config: ExperimentConfig) -> dict[str, Any]:
+    return {
+        "test_world_seed": config.test_world_seed,
+        "test_questions": config.test_questions,
+        "test_samples": config.test_samples,
+        "heldout_samples": config.heldout_samples,
+        "eval_seed": config.eval_seed,
+    }
+
+
+# --- one run ------------------------------------------------------------------------------------
+
+
+def _train_config(spec: RunSpec, context: _Context, steps: int, resume: bool) -> Any:
+    from harness.tiny_policy.pipeline import load_artifacts
+    from harness.trainer import (
+        AllocConfig,
+        BudgetConfig,
+        OptimConfig,
+        PredictorConfig,
+        RolloutConfig,
+        TaskConfig,
+        TrainConfig,
+    )
+
+    config = context.config
+    artifacts = load_artifacts(config.policy_run_dir)
+    per_step = spec.per_step if spec.per_step is not None else context.tokens_per_step
+    return TrainConfig(
+        run_dir=config.out_dir / spec.run_id,
+        policy=context.policy_dir,
+        steps=steps,
+        seed=spec.seed,
+        resume=resume,
+        checkpoint_every=2,
+        keep_checkpoints=1,
+        tensorboard=False,
+        progress=False,
+        torch_threads=1 if config.workers > 1 else None,
+        task=TaskConfig(
+            world_seed=artifacts.config.world_seed,
+            world=artifacts.config.world,
+            env=artifacts.config.env,
+            questions="hard",
+        ),
+        alloc=AllocConfig(**dict(spec.alloc)),
+        budget=BudgetConfig(currency=spec.series, per_step=per_step, pool_size=config.pool_size),
+        rollout=RolloutConfig(
+            max_new_tokens=artifacts.config.eval.max_action_tokens,
+            max_total_tokens=artifacts.config.model.max_positions,
+        ),
+        predictor=PredictorConfig(kind=spec.predictor),
+        optim=OptimConfig(lr=config.lr),
+    )
+
+
+def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
+    """Train one run segment by segment, evaluating after each; resumes whatever is done."""
+    from harness.checkpoint import latest_checkpoint
+    from harness.metrics_log import read_metrics
+    from harness.trainer import train
+
+    config = context.config
+    run_dir = config.out_dir / spec.run_id
+    evals_path = run_dir / "experiment_evals.json"
+    key = {"spec": dataclasses.asdict(spec), "tokens_per_step": context.tokens_per_step,
+           "eval": _eval_key(config), "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
+    record = _read_json(evals_path) or {}
+    if record.get("key") != key:
+        record = {"key": key, "evals": {}}
+    test_sets = None
+    for at in config.eval_at:
+        if str(at) in record["evals"]:
+            continue
+        checkpoint = latest_checkpoint(run_dir)
+        done = _checkpoint_step(checkpoint)
+        if done < at:
+            train(_train_config(spec, context, at, resume=checkpoint is not None))
+        test_sets = test_sets or _test_sets(config)
+        record["evals"][str(at)] = _evaluate(run_dir / "policy", spec.run_id, config, test_sets)
+        _write_json(evals_path, record)
+    metrics = [r for r in read_metrics(run_dir) if "rollout/effective_ratio" in r]
+    return {"spec": spec, "evals": record["evals"], "metrics": metrics}
+
+
+def _checkpoint_step(checkpoint: Path | None) -> int:
+    if checkpoint is None:
+        return 0
+    state = _read_json(checkpoint / "state.json") or {}
+    return int(state.get("step", 0))
+
+
+def _run_in_worker(spec: RunSpec, context: _Context) -> dict[str, Any]:
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return _run(spec, context)
+
+
+# --- summaries ----------------------------------------------------------------------------------
+
+
+def _mean_std(values: Sequence[float]) -> dict[str, float]:
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    n = len(finite)
+    if n == 0:
+        return {"mean": float("nan"), "std": float("nan"), "n": 0}
+    mean = sum(finite) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in finite) / (n - 1)) if n > 1 else 0.0
+    return {"mean": mean, "std": std, "n": n}
+
+
+def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
+    metrics = result["metrics"]
+
+    def series(key: str) -> list[float]:
+        return [float(r[key]) for r in metrics if r.get(key) is not None]
+
+    def mean(key: str) -> float:
+        values = [v for v in series(key) if math.isfinite(v)]
+        return sum(values) / len(values) if values else float("nan")
+
+    final = metrics[-1] if metrics else {}
+    evals = result["evals"]
+    return {
+        "em": evals[str(last)]["fresh_world"]["em"],
+        "f1": evals[str(last)]["fresh_world"]["f1"],
+        "heldout_em": evals[str(last)]["heldout"]["em"],
+        "heldout_f1": evals[str(last)]["heldout"]["f1"],
+        "evals": evals,
+        "effective_ratio": mean("rollout/effective_ratio"),
+        "effective_ratio_by_step": series("rollout/effective_ratio"),
+        "mixed_anchors": mean("rollout/mixed_anchors"),
+        "mixed_prefix_anchors": mean("rollout/mixed_prefix_anchors"),
+        "brier": mean("predictor/brier"),
+        "auc": mean("predictor/auc"),
+        "rollout_accuracy": mean("rollout/accuracy"),
+        "leaves_by_step": series("budget/total_leaves"),
+        "tokens_by_step": series("budget/total_tokens"),
+        "total_leaves": final.get("budget/total_leaves"),
+        "total_tokens": final.get("budget/total_tokens"),
+        "total_tool_calls": final.get("budget/total_tool_calls"),
+        "wall_s": sum(series("perf/step_s")),
+    }
+
+
+def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Mean and spread across seeds of every (group, series, label)."""
+    grouped: dict[str, list[dict[str, Any]]] = {}
+    for summary in runs.values():
+        grouped.setdefault(summary["cell"], []).append(summary)
+    cells = {}
+    for cell, members in sorted(grouped.items()):
+        keys = ("em", "f1", "heldout_em", "heldout_f1", "effective_ratio", "mixed_anchors",
+                "mixed_prefix_anchors", "brier", "auc", "total_leaves", "total_tokens",
+                "total_tool_calls", "wall_s")  # fmt: skip
+        cells[cell] = {k: _mean_std([m[k] for m in members]) for k in keys}
+        cells[cell]["seeds"] = sorted(m["seed"] for m in members)
+    return cells
+
+
+def _paired(runs: dict[str, dict[str, Any]], series: str, method: str) -> dict[str, Any] | None:
+    """`method` minus GRPO, seed by seed (same data order and eval draws), on fresh-world EM."""
+    from scipy import stats
+
+    by_seed = {}
+    for s in runs.values():
+        if s["group"] == "main" and s["series"] == series:
+            by_seed.setdefault(s["seed"], {})[s["label"]] = s
+    diffs = [
+        (v[method]["em"] - v[BASELINE]["em"], v[method]["heldout_em"] - v[BASELINE]["heldout_em"])
+        for v in by_seed.values()
+        if method in v and BASELINE in v
+    ]
+    if not diffs:
+        return None
+    fresh = [d[0] for d in diffs]
+    held = [d[1] for d in diffs]
+    p = float(stats.ttest_1samp(fresh, 0.0).pvalue) if len(fresh) > 1 else float("nan")
+    return {"em_diff": _mean_std(fresh), "em_diffs": fresh, "p_value": p,
+            "heldout_em_diff": _mean_std(held)}  # fmt: skip
+
+
+# --- outputs ------------------------------------------------------------------------------------
+
+
+def _plot(runs: dict[str, dict[str, Any]], start: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series_list = sorted({s["series"] for s in runs.values() if s["group"] == "main"})
+    fig, axes = plt.subplots(
+        2, len(series_list), figsize=(6.5 * len(series_list), 8), squeeze=False
+    )
+    for col, series in enumerate(series_list):
+        main = [s for s in runs.values() if s["group"] == "main" and s["series"] == series]
+        unit = "tokens" if series == "tokens" else "leaves"
+        for method in METHODS:
+            members = [s for s in main if s["label"] == method]
+            if not members:
+                continue
+            steps = sorted(int(k) for k in members[0]["evals"])
+            xs, ys, errs = [0.0], [start["fresh_world"]["em"]], [0.0]
+            for at in steps:
+                spent = [s[f"{unit}_by_step"][at - 1] for s in members]
+                ems = _mean_std([s["evals"][str(at)]["fresh_world"]["em"] for s in members])
+                xs.append(sum(spent) / len(spent))
+                ys.append(ems["mean"])
+                errs.append(ems["std"])
+            axes[0][col].errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=method)
+            ratios = [s["effective_ratio_by_step"] for s in members]
+            length = min(len(r) for r in ratios)
+            mean_ratio = [sum(r[i] for r in ratios) / len(ratios) for i in range(length)]
+            axes[1][col].plot(range(1, length + 1), mean_ratio, marker=".", label=method)
+        axes[0][col].set(
+            title=f"budget in {unit}: fresh-world EM (mean ± std over seeds)",
+            xlabel=f"{unit} spent",
+            ylabel="sampled EM",
+        )
+        axes[1][col].set(
+            title=f"budget in {unit}: effective ratio", xlabel="step", ylabel="mixed share"
+        )
+        for ax in axes[:, col]:
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fmt(cell: dict[str, float], scale: float = 100.0, digits: int = 1) -> str:
+    if cell["n"] == 0:
+        return "-"
+    if cell["n"] == 1:
+        return f"{cell['mean'] * scale:.{digits}f}"
+    return f"{cell['mean'] * scale:.{digits}f} ± {cell['std'] * scale:.{digits}f}"
+
+
+def _markdown(result: dict[str, Any], command: str) -> str:
+    cells = result["cells"]
+    start = result["start_eval"]
+    c = result["config"]
+    lines = [
+        f"Measured {result['date']} on {result['machine']}, {result['wall_s'] / 60:.0f} min "
+        f"(workers={c['workers']}). Command: `{command}`",
+        "",
+        f"Start policy (the warm-started tiny policy, `{c['policy_run_dir']}`): fresh-world "
+        f"EM {start['fresh_world']['em'] * 100:.1f} ({start['fresh_world']['n']} episodes), "
+        f"held-out EM {start['heldout']['em'] * 100:.1f} ({start['heldout']['n']} episodes). "
+        f"Every run: {c['steps']} steps, {c['leaves_per_step']} leaves or "
+        f"{result['tokens_per_step']} generated tokens per step, pool {c['pool_size']}, "
+        f"seeds {list(c['seeds'])}; EM and F1 in points, mean ± std over seeds.",
+        "",
+    ]
+    header = (
+        "| method | fresh EM | fresh F1 | held-out EM | effective ratio | mixed anchors/step | "
+        "Brier | AUC | leaves | tokens | tool calls | wall s |"
+    )
+    rule = "|---" * 12 + "|"
+    groups = (("main", "leaves"), ("main", "tokens"), ("stages", "leaves"),
+              ("budget", "leaves"), ("predictor", "leaves"))  # fmt: skip
+    titles = {
+        ("main", "leaves"): "Main comparison, budget in leaves",
+        ("main", "tokens"): "Main comparison, budget in generated tokens",
+        ("stages", "leaves"): "Ablation: TRACE Stage 1 x Stage 2 (active/active is the main "
+        "`trace` row)",
+        ("budget", "leaves"): "Ablation: budget configurations (M roots, N continuations per "
+        "root) against GRPO at the same leaves",
+        ("predictor", "leaves"): "Ablation: predictor off (constant p = 0.5)",
+    }
+    for group, series in groups:
+        prefix = f"{group}/{series}/"
+        rows = [(k[len(prefix) :], v) for k, v in cells.items() if k.startswith(prefix)]
+        if not rows:
+            continue
+        lines += [f"**{titles[(group, series)]}**", "", header, rule]
+        for label, cell in rows:
+            lines.append(
+                f"| {label} | {_fmt(cell['em'])} | {_fmt(cell['f1'])} | "
+                f"{_fmt(cell['heldout_em'])} | {_fmt(cell['effective_ratio'], 1, 3)} | "
+                f"{_fmt(cell['mixed_anchors'], 1, 1)} | {_fmt(cell['brier'], 1, 3)} | "
+                f"{_fmt(cell['auc'], 1, 3)} | {cell['total_leaves']['mean']:.0f} | "
+                f"{cell['total_tokens']['mean']:.0f} | {cell['total_tool_calls']['mean']:.0f} | "
+                f"{cell['wall_s']['mean']:.0f} |"
+            )
+        lines.append("")
+    paired = result["paired"]
+    if paired:
+        lines += ["**Paired differences against GRPO (`uniform`), same seed; fresh-world EM "
+                  "points (one-sample t-test p), held-out EM points**", "",
+                  "| series | method | fresh EM diff | per seed | p | held-out EM diff |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for series, methods in paired.items():
+            for method, d in methods.items():
+                per_seed = ", ".join(f"{x * 100:+.1f}" for x in d["em_diffs"])
+                lines.append(
+                    f"| {series} | {method} | {_fmt(d['em_diff'])} | {per_seed} | "
+                    f"{d['p_value']:.2f} | {_fmt(d['heldout_em_diff'])} |"
+                )
+        lines.append("")
+    lines.append(f"Figure: `{result['files']['plot']}`; raw: `{result['files']['json']}`.")
+    return "\n".join(lines)
+
+
+def _write_section(path: Path, name: str, body: str) -> None:
+    """Replace (or append) the text between this experiment's markers in RESULTS.md."""
+    begin, end = f"<!-- experiment:{name} -->", f"<!-- /experiment:{name} -->"
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + f"\n\n### Experiment run `{name}`\n\n{block}\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str), encoding="utf-8")
+    tmp.replace(path)  # atomic: a kill never leaves a torn file
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def _run_all(
+    specs: list[RunSpec], context: _Context, on_done: Callable[[dict[str, Any]], None]
+) -> None:
+    workers = context.config.workers
+    if workers == 1:
+        for spec in specs:
+            on_done(_run(spec, context))
+        return
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        futures = [pool.submit(_run_in_worker, spec, context) for spec in specs]
+        for future in as_completed(futures):
+            on_done(future.result())
+
+
+def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
+    """Run (or resume) the experiment and write its results; returns the results record.
+
+    Args:
+        config: The experiment.
+        policy_config: The tiny policy's recipe (`harness.tiny_policy.TinyPolicyConfig`);
+            None for the default (tests pass a smaller one).
+    """
+    from tqdm.auto import tqdm
+
+    config = config.resolved()
+    started = time.perf_counter()
+    context, start_eval = _start(config, policy_config)
+    specs = run_specs(config)
+    log.info(
+        "%d runs of %d steps (%d leaves or %d tokens per step) in %s",
+        len(specs), config.steps, config.leaves_per_step, context.tokens_per_step, config.out_dir,
+    )  # fmt: skip
+    runs: dict[str, dict[str, Any]] = {}
+    bar = tqdm(total=len(specs), desc="experiment runs", disable=not config.progress)
+
+    def on_done(result: dict[str, Any]) -> None:
+        spec: RunSpec = result["spec"]
+        summary = _run_summary(result, config.eval_at[-1])
+        cell = f"{spec.group}/{spec.series}/{spec.label}"
+        summary |= {"group": spec.group, "series": spec.series, "label": spec.label,
+                    "seed": spec.seed, "cell": cell}  # fmt: skip
+        runs[spec.run_id] = summary
+        bar.set_postfix_str(f"{spec.run_id}: EM {summary['em']:.3f}")
+        bar.update(1)
+
+    _run_all(specs, context, on_done)
+    bar.close()
+    cells = _aggregate(runs)
+    paired: dict[str, dict[str, Any]] = {}
+    for series in ("leaves", "tokens"):
+        for method in config.methods:
+            if method != BASELINE and (d := _paired(runs, series, method)) is not None:
+                paired.setdefault(series, {})[method] = d
+    config.results_dir.mkdir(parents=True, exist_ok=True)
+    files = {
+        "json": config.results_dir / f"experiment-{config.name}.json",
+        "markdown": config.results_dir / f"experiment-{config.name}.md",
+        "plot": config.results_dir / f"experiment-{config.name}.png",
+    }
+    _plot(runs, start_eval, files["plot"])
+    main_leaves = {k.split("/")[-1]: v for k, v in cells.items() if k.startswith("main/leaves/")}
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU ({platform.processor() or platform.machine()}), "
+        f"Python {platform.python_version()}",
+        "config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
+        "tokens_per_step": context.tokens_per_step,
+        "start_eval": start_eval,
+        "cells": cells,
+        "paired": paired,
+        "runs": runs,
+        "wall_s": time.perf_counter() - started,
+        "files": {k: str(v) for k, v in files.items()},
+        "accuracy": {m: c["em"] for m, c in main_leaves.items()},
+        "f1": {m: c["f1"] for m, c in main_leaves.items()},
+        "effective_ratio": {m: c["effective_ratio"]["mean"] for m, c in main_leaves.items()},
+    }
+    _write_json(files["json"], result)
+    command = "python -m benchmarks.experiment " + " ".join(
+        shlex.quote(a) for a in sys.argv[1:] if a != "--json"
+    )
+    body = _markdown(result, command.strip())
+    files["markdown"].write_text(body + "\n", encoding="utf-8")
+    if config.results_md is not None:
+        _write_section(config.results_md, config.name, body)
+    return result
+
+
+def gpu_commands(config: ExperimentConfig) -> list[list[str]]:
+    """The paper-setting comparison on GPUs: one launch-script command per method and seed.
+
+    Every method gets the launch script's budget (PROMPTS x LEAVES_PER_PROMPT leaves per step)
+    and its other flags unchanged; only the allocator, the seed and the run directory differ.
+    """
+    allocs = {
+        "trace": "alloc:trace --alloc.continuations-per-rollout 2 --alloc.max-per-prompt 16",
+        "uniform": "alloc:uniform --alloc.group-size 12",
+        "dynamic_sampling": "alloc:dynamic_sampling --alloc.group-size 12",
+        "prompt_predictor": "alloc:prompt_predictor --alloc.group-size 12",
+        "random_tree": "alloc:random_tree",
+        "entropy_tree": "alloc:entropy_tree",
+    }
+    slug = config.model.split("/")[-1].lower()
+    commands = []
+    for seed in config.seeds:
+        for method in config.methods:
+            run = f"runs/experiment-gpu/{slug}-{config.dataset}-{method}-s{seed}"
+            env = [
+                f"MODEL={config.model}",
+                f"DATA=data/{config.dataset}",
+                f"RUN={run}",
+                f"CKPT=ckpt/experiment-gpu/{slug}-{config.dataset}-{method}-s{seed}",
+                f"ALLOC_ARGS={allocs[method]}",
+            ]
+            commands.append(
+                ["env", *env, "bash", "scripts/train_qwen3_8b_hotpotqa.sh", "--seed", str(seed)]
+            )
+    return commands
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """`python -m benchmarks.experiment [--quick] [--json] [--workers 2] ...`."""
+    config = tyro.cli(ExperimentConfig, args=argv, prog="python -m benchmarks.experiment")
+    if config.backend == "openrlhf":
+        commands = gpu_commands(config)
+        for command in commands:
+            print(shlex.join(command))
+            if config.launch:
+                subprocess.run(command, check=True)
+        if config.json:
+            print(json.dumps({"commands": [shlex.join(c) for c in commands]}))
+        return 0
+    result = main(config)
+    from rich.console import Console
+    from rich.markdown import Markdown
+
+    Console(stderr=config.json).print(Markdown(Path(result["files"]["markdown"]).read_text()))
+    if config.json:
+        keys = ("accuracy", "f1", "effective_ratio", "tokens_per_step", "paired", "files")
+        print(json.dumps({k: result[k] for k in keys}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    raise SystemExit(cli())

@@ -1,0 +1,127 @@
+"""The headline experiment's script, end to end on a tiny recipe: runs, caching, outputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shlex
+
+import pytest
+
+from benchmarks import experiment
+from benchmarks.experiment import ExperimentConfig, RunSpec, main, run_specs
+from harness.metrics_log import read_metrics
+
+pytest.importorskip("openrlhf")
+
+
+def test_run_specs_cover_methods_series_seeds_and_ablations():
+    config = ExperimentConfig(
+        methods=("trace", "uniform"), seeds=(0, 1), budgets=((16, 2),), leaves_per_step=32
+    )
+    specs = run_specs(config)
+    main_runs = [s for s in specs if s.group == "main"]
+    assert len(main_runs) == 2 * 2 * 2  # methods x seeds x series
+    assert {s.per_step for s in main_runs if s.series == "leaves"} == {32}
+    assert {s.per_step for s in main_runs if s.series == "tokens"} == {None}  # measured later
+    stages = {s.label for s in specs if s.group == "stages"}
+    assert stages == {"s1_uniform-s2_uniform", "s1_uniform-s2_active", "s1_active-s2_uniform"}
+    budget = {(s.label, s.per_step) for s in specs if s.group == "budget"}
+    assert budget == {("trace-M16-N2", 48), ("uniform-L48", 48)}  # M(1+N) leaves for both
+    (off,) = {s for s in specs if s.group == "predictor" and s.seed == 0}
+    assert off.predictor == "constant" and dict(off.alloc) == {"name": "trace"}
+    assert len({s.run_id for s in specs}) == len(specs)
+
+
+def test_config_rejects_unknown_methods_and_bad_eval_steps():
+    with pytest.raises(ValueError, match="unknown methods"):
+        ExperimentConfig(methods=("trace", "ppo"))
+    with pytest.raises(ValueError, match="eval_at"):
+        ExperimentConfig(steps=10, eval_at=(4, 8))
+
+
+def test_quick_is_a_reduced_configuration():
+    quick = ExperimentConfig(quick=True).resolved()
+    assert quick.methods == ("trace", "uniform", "dynamic_sampling")
+    assert quick.seeds == (0,) and quick.steps == quick.eval_at[-1]
+    assert not (quick.token_series or quick.stage_ablation or quick.budgets)
+    assert quick.name == "quick"
+
+
+def test_gpu_recipe_prints_one_launch_command_per_method_and_seed(capsys):
+    assert experiment.cli(["--backend", "openrlhf", "--seeds", "0", "1", "--json"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    commands = json.loads(out[-1])["commands"]
+    assert len(commands) == 2 * len(experiment.METHODS)
+    first = shlex.split(commands[0])
+    assert "scripts/train_qwen3_8b_hotpotqa.sh" in first and first[-2:] == ["--seed", "0"]
+    assert "MODEL=Qwen/Qwen3-8B" in first
+    assert any(a.startswith("ALLOC_ARGS=alloc:trace ") for a in first)
+
+
+@pytest.mark.slow
+def test_experiment_runs_every_cell_writes_results_and_resumes(tmp_path, tiny_recipe):
+    recipe = dataclasses.replace(
+        tiny_recipe, world=dataclasses.replace(tiny_recipe.world, questions_per_kind=6)
+    )
+    results_md = tmp_path / "RESULTS.md"
+    results_md.write_text("# Results\n\n<!-- experiment:t -->\nold\n<!-- /experiment:t -->\n")
+    config = ExperimentConfig(
+        name="t",
+        out_dir=tmp_path / "exp",
+        policy_run_dir=tmp_path / "policy",
+        methods=("trace", "uniform"),
+        seeds=(0,),
+        steps=2,
+        eval_at=(1, 2),
+        leaves_per_step=8,
+        pool_size=4,
+        budgets=(),
+        stage_ablation=False,
+        predictor_ablation=False,
+        test_questions=4,
+        test_samples=1,
+        heldout_samples=1,
+        results_dir=tmp_path / "results",
+        results_md=results_md,
+        progress=False,
+    )
+    first = main(config, recipe)
+
+    runs = first["runs"]
+    assert set(runs) == {s.run_id for s in run_specs(config)}
+    assert len(runs) == 2 * 2  # methods x series
+    for run_id, summary in runs.items():
+        assert set(summary["evals"]) == {"1", "2"}
+        assert [r["step"] for r in read_metrics(config.out_dir / run_id)] == [1, 2]
+        assert 0.0 <= summary["effective_ratio"] <= 1.0
+    leaves = runs["main-leaves-trace-s0"]
+    assert leaves["total_leaves"] == 2 * 8  # exactly the leaf budget, every step
+    tokens = runs["main-tokens-uniform-s0"]
+    assert first["tokens_per_step"] == round(8 * first["start_eval"]["heldout"]["tokens"])
+    # the token budget is met with a carry: within one step's overshoot of the total
+    assert tokens["total_tokens"] >= first["tokens_per_step"] * 2 - 1
+    assert set(first["accuracy"]) == {"trace", "uniform"}
+    assert first["accuracy"]["trace"]["n"] == 1
+    assert set(first["paired"]["leaves"]) == {"trace"}
+    saved = json.loads((tmp_path / "results" / "experiment-t.json").read_text())
+    assert saved["accuracy"] == first["accuracy"]
+    assert (tmp_path / "results" / "experiment-t.png").read_bytes()[:4] == b"\x89PNG"
+    section = results_md.read_text()
+    assert "old" not in section and section.count("<!-- experiment:t -->") == 1
+    assert "| trace |" in section and "Paired differences" in section
+
+    # A rerun trains nothing; a lost evaluation is redone with the same draws.
+    trained = {r: (config.out_dir / r / "metrics.jsonl").stat().st_mtime_ns for r in runs}
+    (config.out_dir / "main-leaves-uniform-s0" / "experiment_evals.json").unlink()
+    second = main(config, recipe)
+    after = {r: (config.out_dir / r / "metrics.jsonl").stat().st_mtime_ns for r in runs}
+    assert after == trained
+    assert (
+        second["runs"]["main-leaves-uniform-s0"]["evals"] == runs["main-leaves-uniform-s0"]["evals"]
+    )
+
+
+def test_run_spec_ids_name_the_cell():
+    spec = RunSpec("main", "trace", "tokens", 2, (("name", "trace"),), None)
+    assert spec.run_id == "main-tokens-trace-s2"
