@@ -175,6 +175,7 @@ def _serve_and_load(index_dir: Path, extra: list[str], args: Args, queries: list
             cpu_s = (end.user + end.system) - (start.user + start.system)
             result[f"{name}_cpu_ms_per_request"] = 1000 * cpu_s / n_sent
         result["server_stats"] = HTTPRetriever(url).health()["stats"]
+        result["server_flags"] = extra
         return result
     finally:
         proc.terminate()
@@ -212,7 +213,9 @@ def main(args: Args) -> dict[str, Any]:
         threads = [] if args.threads is None else ["--threads", str(args.threads)]
         batched = _serve_and_load(index_dir, threads, args, queries)
         print(f"batched: {batched}", file=sys.stderr)
-        unbatched = _serve_and_load(index_dir, ["--batching.max-batch-queries", "1"], args, queries)
+        unbatched = _serve_and_load(
+            index_dir, [*threads, "--batching.max-batch-queries", "1"], args, queries
+        )
         print(f"unbatched: {unbatched}", file=sys.stderr)
     return {
         "batched_over_unbatched_throughput": batched["throughput_rps"]

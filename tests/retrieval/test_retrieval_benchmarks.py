@@ -45,10 +45,17 @@ def test_server_benchmark(tmp_path):
 
 
 def test_server_benchmark_on_bm25(tmp_path):
-    result = _run(
-        "benchmarks.retrieval_server", "--kind", "bm25", "--data-dir", str(tmp_path / "none")
-    )
+    argv = ["--kind", "bm25", "--threads", "1", "--data-dir", str(tmp_path / "none")]
+    result = _run("benchmarks.retrieval_server", *argv)
     assert result["kind"] == "bm25"
+    # both servers run with the same --threads: only batching may differ between them
+    assert result["batched"]["server_flags"] == ["--threads", "1"]
+    assert result["unbatched"]["server_flags"] == [
+        "--threads",
+        "1",
+        "--batching.max-batch-queries",
+        "1",
+    ]
     assert result["batched_over_unbatched_throughput"] > 0
     assert result["unbatched"]["server_stats"]["largest_batch"] == 1
     assert (
