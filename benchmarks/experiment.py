@@ -14,9 +14,9 @@ stream:
 - **ablations** (leaf series): TRACE's Stage 1 x Stage 2 (uniform or active), the budget
   configurations (M roots, N continuations per root) against GRPO at the same leaves, and
   the predictor off (a constant p);
-- **test sets**: the hard questions (3-4-hop bridges, comparisons, inference) of a world
-  generated with a fresh seed (`test_world_seed`, never trained on: the primary figure), and
-  the held-out hard questions of the training world (its test and test_entities splits);
+- **test sets**: the held-out questions of the training world (its test and test_entities
+  splits: the primary figure), and the questions of a world generated with a fresh seed
+  (`test_world_seed`, never trained on: it measures reading rather than remembering);
 - **outputs**: sampled EM and F1 (mean, spread, paired differences against GRPO), the
   effective ratio, mixed anchors per step, the predictor's calibration, the budget in each
   currency and the wall time; `experiment-NAME.json`, `experiment-NAME.md` and
@@ -87,26 +87,33 @@ class ExperimentConfig:
     """RL steps of every run."""
     eval_at: tuple[int, ...] = (8, 16)
     """Steps after which the policy is evaluated (the last must be `steps`)."""
-    leaves_per_step: int = 32
-    """The leaf series' budget per step; TRACE's default N=1 makes it M=16 roots."""
-    pool_size: int = 16
+    leaves_per_step: int = 48
+    """The leaf series' budget per step; TRACE's default N=1 makes it M=24 roots."""
+    pool_size: int = 24
     """Candidate questions per step."""
     token_series: bool = True
-    """Also run every method with the budget counted in generated tokens."""
+    """Also run the methods with the budget counted in generated tokens."""
+    token_methods: tuple[str, ...] | None = None
+    """Methods of the token series (None: all of `methods`)."""
+    ablation_seeds: tuple[int, ...] | None = None
+    """Seeds of the ablation runs (None: all of `seeds`)."""
     stage_ablation: bool = True
     """TRACE with Stage 1 and Stage 2 each uniform or active (leaf series)."""
     budgets: tuple[tuple[int, int], ...] = ((16, 2), (32, 1))
     """(M, N) budget configurations: TRACE with N continuations per root at M(1+N) leaves per
-    step, against GRPO at the same leaves (leaf series; the main runs are (16, 1))."""
+    step, against GRPO at the same leaves (leaf series; the main runs are (24, 1))."""
     predictor_ablation: bool = True
     """TRACE with a constant p = 0.5 (the predictor off)."""
     lr: float = 2e-4
     """Policy learning rate (the demo's)."""
+    questions: Literal["all", "hard"] = "all"
+    """Train and test on every question kind, or only the `hard` ones (3-4-hop bridges,
+    comparisons, inference)."""
     test_world_seed: int = 2026
-    """The fresh world whose hard questions are the primary test set."""
-    test_questions: int = 0
-    """Questions of the fresh world's hard set (0: all of them)."""
-    test_samples: int = 2
+    """The fresh world (never trained on): the second test set."""
+    test_questions: int = 60
+    """Questions of the fresh world (0: all of them)."""
+    test_samples: int = 1
     """T=1 samples per fresh-world question."""
     heldout_samples: int = 4
     """T=1 samples per held-out question of the training world."""
@@ -118,8 +125,9 @@ class ExperimentConfig:
     results_md: Path | None = Path("benchmarks/RESULTS.md")
     """The RESULTS file whose experiment section is (re)written; None leaves it alone."""
     quick: bool = False
-    """Reduced: TRACE, GRPO and DAPO, one seed, 6 steps, no ablations, 64 test questions;
-    under 15 minutes with the tiny policy cached."""
+    """Reduced: TRACE, GRPO and DAPO, one seed, 6 steps of 32 leaves, no token series and no
+    ablations, 48 fresh-world questions, in OUT_DIR/quick; under 15 minutes with the tiny policy
+    cached."""
     progress: bool = True
     json: bool = False
     """Print one JSON object as the last line of stdout."""
@@ -133,7 +141,7 @@ class ExperimentConfig:
     """openrlhf backend: run the commands (needs GPUs) instead of printing them."""
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.methods) - set(METHODS))
+        unknown = sorted((set(self.methods) | set(self.token_methods or ())) - set(METHODS))
         if unknown:
             raise ValueError(f"unknown methods {unknown}; choose from {list(METHODS)}")
         if not self.seeds or not self.methods:
@@ -151,17 +159,19 @@ class ExperimentConfig:
         return dataclasses.replace(
             self,
             name="quick" if self.name == "full" else self.name,
+            out_dir=self.out_dir / "quick",
             methods=tuple(m for m in ("trace", "uniform", "dynamic_sampling") if m in self.methods)
             or self.methods,
             seeds=self.seeds[:1],
             steps=6,
             eval_at=(6,),
+            leaves_per_step=32,
+            pool_size=16,
             token_series=False,
             stage_ablation=False,
             budgets=(),
             predictor_ablation=False,
-            test_questions=self.test_questions or 64,
-            test_samples=1,
+            test_questions=min(self.test_questions or 48, 48),
             heldout_samples=2,
             quick=False,
         )
@@ -204,11 +214,12 @@ def run_specs(config: ExperimentConfig) -> list[RunSpec]:
         series.append("tokens")
     for currency in series:
         per_step = config.leaves_per_step if currency == "leaves" else None
+        methods = config.methods if currency == "leaves" else config.token_methods or config.methods
         for seed in config.seeds:
-            for method in config.methods:
+            for method in methods:
                 alloc = (("name", method),)
                 specs.append(RunSpec("main", method, currency, seed, alloc, per_step))
-    for seed in config.seeds:
+    for seed in config.seeds if config.ablation_seeds is None else config.ablation_seeds:
         if config.stage_ablation:
             for s1, s2 in (("uniform", "uniform"), ("uniform", "active"), ("active", "uniform")):
                 alloc = (("name", "trace"), ("stage1", s1), ("stage2", s2))
@@ -220,8 +231,11 @@ def run_specs(config: ExperimentConfig) -> list[RunSpec]:
             leaves = m * (1 + n)
             trace = (("name", "trace"), ("continuations_per_rollout", n))
             specs.append(RunSpec("budget", f"trace-M{m}-N{n}", "leaves", seed, trace, leaves))
-            uniform = (("name", "uniform"),)
-            specs.append(RunSpec("budget", f"uniform-L{leaves}", "leaves", seed, uniform, leaves))
+            if leaves != config.leaves_per_step:  # else the main GRPO run is the reference
+                uniform = (("name", "uniform"),)
+                specs.append(
+                    RunSpec("budget", f"uniform-L{leaves}", "leaves", seed, uniform, leaves)
+                )
         if config.predictor_ablation:
             alloc = (("name", "trace"),)
             specs.append(
@@ -250,14 +264,18 @@ def _test_sets(config: ExperimentConfig) -> dict[str, tuple[Any, Any, int]]:
     from retrieval.bm25 import BM25Retriever
 
     artifacts = load_artifacts(config.policy_run_dir)
+
+    def keep(task: Any) -> bool:
+        return config.questions == "all" or is_hard(task)
+
     fresh = World.generate(config.test_world_seed, artifacts.config.world)
-    fresh_tasks = [t for t in fresh.tasks if is_hard(t)]
+    fresh_tasks = [t for t in fresh.tasks if keep(t)]
     if config.test_questions:
         fresh_tasks = fresh_tasks[: config.test_questions]
     fresh_retriever = BM25Retriever.build(fresh.documents)
     world = artifacts.world()
     held_ids = [*artifacts.split["test"], *artifacts.split["test_entities"]]
-    held_tasks = [world.tasks[i] for i in held_ids if is_hard(world.tasks[i])]
+    held_tasks = [world.tasks[i] for i in held_ids if keep(world.tasks[i])]
     env = artifacts.config.env
     world_env = artifacts.make_env(world)
     return {
@@ -331,6 +349,7 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
 
 def _eval_key(config: ExperimentConfig) -> dict[str, Any]:
     return {
+        "questions": config.questions,
         "test_world_seed": config.test_world_seed,
         "test_questions": config.test_questions,
         "test_samples": config.test_samples,
@@ -372,7 +391,7 @@ def _train_config(spec: RunSpec, context: _Context, steps: int, resume: bool) ->
             world_seed=artifacts.config.world_seed,
             world=artifacts.config.world,
             env=artifacts.config.env,
-            questions="hard",
+            questions=config.questions,
         ),
         alloc=AllocConfig(**dict(spec.alloc)),
         budget=BudgetConfig(currency=spec.series, per_step=per_step, pool_size=config.pool_size),
@@ -396,9 +415,18 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     evals_path = run_dir / "experiment_evals.json"
     key = {"spec": dataclasses.asdict(spec), "tokens_per_step": context.tokens_per_step,
            "eval": _eval_key(config), "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
-    record = _read_json(evals_path) or {}
-    if record.get("key") != key:
+    key = json.loads(json.dumps(key))  # as it reads back (tuples become lists)
+    record = _read_json(evals_path)
+    if record is None:
+        if latest_checkpoint(run_dir) is not None:
+            raise ValueError(f"{run_dir} holds a run that this script did not start")
         record = {"key": key, "evals": {}}
+        _write_json(evals_path, record)  # before training: a rerun can tell whose run it is
+    elif record.get("key") != key:
+        raise ValueError(
+            f"{run_dir} holds a run with other settings ({evals_path}); "
+            "use another --out-dir or delete it"
+        )
     test_sets = None
     for at in config.eval_at:
         if str(at) in record["evals"]:
@@ -422,8 +450,11 @@ def _checkpoint_step(checkpoint: Path | None) -> int:
 
 
 def _run_in_worker(spec: RunSpec, context: _Context) -> dict[str, Any]:
+    import torch
+
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)  # the workers share the cores: one thread each, evaluation too
     return _run(spec, context)
 
 
@@ -453,10 +484,10 @@ def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
     final = metrics[-1] if metrics else {}
     evals = result["evals"]
     return {
-        "em": evals[str(last)]["fresh_world"]["em"],
-        "f1": evals[str(last)]["fresh_world"]["f1"],
-        "heldout_em": evals[str(last)]["heldout"]["em"],
-        "heldout_f1": evals[str(last)]["heldout"]["f1"],
+        "em": evals[str(last)]["heldout"]["em"],
+        "f1": evals[str(last)]["heldout"]["f1"],
+        "fresh_em": evals[str(last)]["fresh_world"]["em"],
+        "fresh_f1": evals[str(last)]["fresh_world"]["f1"],
         "evals": evals,
         "effective_ratio": mean("rollout/effective_ratio"),
         "effective_ratio_by_step": series("rollout/effective_ratio"),
@@ -481,7 +512,7 @@ def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         grouped.setdefault(summary["cell"], []).append(summary)
     cells = {}
     for cell, members in sorted(grouped.items()):
-        keys = ("em", "f1", "heldout_em", "heldout_f1", "effective_ratio", "mixed_anchors",
+        keys = ("em", "f1", "fresh_em", "fresh_f1", "effective_ratio", "mixed_anchors",
                 "mixed_prefix_anchors", "brier", "auc", "total_leaves", "total_tokens",
                 "total_tool_calls", "wall_s")  # fmt: skip
         cells[cell] = {k: _mean_std([m[k] for m in members]) for k in keys}
@@ -490,7 +521,7 @@ def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def _paired(runs: dict[str, dict[str, Any]], series: str, method: str) -> dict[str, Any] | None:
-    """`method` minus GRPO, seed by seed (same data order and eval draws), on fresh-world EM."""
+    """`method` minus GRPO, seed by seed (same data order and eval draws), on held-out EM."""
     from scipy import stats
 
     by_seed = {}
@@ -498,17 +529,17 @@ def _paired(runs: dict[str, dict[str, Any]], series: str, method: str) -> dict[s
         if s["group"] == "main" and s["series"] == series:
             by_seed.setdefault(s["seed"], {})[s["label"]] = s
     diffs = [
-        (v[method]["em"] - v[BASELINE]["em"], v[method]["heldout_em"] - v[BASELINE]["heldout_em"])
+        (v[method]["em"] - v[BASELINE]["em"], v[method]["fresh_em"] - v[BASELINE]["fresh_em"])
         for v in by_seed.values()
         if method in v and BASELINE in v
     ]
     if not diffs:
         return None
-    fresh = [d[0] for d in diffs]
-    held = [d[1] for d in diffs]
-    p = float(stats.ttest_1samp(fresh, 0.0).pvalue) if len(fresh) > 1 else float("nan")
-    return {"em_diff": _mean_std(fresh), "em_diffs": fresh, "p_value": p,
-            "heldout_em_diff": _mean_std(held)}  # fmt: skip
+    held = [d[0] for d in diffs]
+    fresh = [d[1] for d in diffs]
+    p = float(stats.ttest_1samp(held, 0.0).pvalue) if len(held) > 1 else float("nan")
+    return {"em_diff": _mean_std(held), "em_diffs": held, "p_value": p,
+            "fresh_em_diff": _mean_std(fresh)}  # fmt: skip
 
 
 # --- outputs ------------------------------------------------------------------------------------
@@ -532,10 +563,10 @@ def _plot(runs: dict[str, dict[str, Any]], start: dict[str, Any], path: Path) ->
             if not members:
                 continue
             steps = sorted(int(k) for k in members[0]["evals"])
-            xs, ys, errs = [0.0], [start["fresh_world"]["em"]], [0.0]
+            xs, ys, errs = [0.0], [start["heldout"]["em"]], [0.0]
             for at in steps:
                 spent = [s[f"{unit}_by_step"][at - 1] for s in members]
-                ems = _mean_std([s["evals"][str(at)]["fresh_world"]["em"] for s in members])
+                ems = _mean_std([s["evals"][str(at)]["heldout"]["em"] for s in members])
                 xs.append(sum(spent) / len(spent))
                 ys.append(ems["mean"])
                 errs.append(ems["std"])
@@ -545,7 +576,7 @@ def _plot(runs: dict[str, dict[str, Any]], start: dict[str, Any], path: Path) ->
             mean_ratio = [sum(r[i] for r in ratios) / len(ratios) for i in range(length)]
             axes[1][col].plot(range(1, length + 1), mean_ratio, marker=".", label=method)
         axes[0][col].set(
-            title=f"budget in {unit}: fresh-world EM (mean ± std over seeds)",
+            title=f"budget in {unit}: held-out EM (mean ± std over seeds)",
             xlabel=f"{unit} spent",
             ylabel="sampled EM",
         )
@@ -573,19 +604,22 @@ def _markdown(result: dict[str, Any], command: str) -> str:
     start = result["start_eval"]
     c = result["config"]
     lines = [
-        f"Measured {result['date']} on {result['machine']}, {result['wall_s'] / 60:.0f} min "
-        f"(workers={c['workers']}). Command: `{command}`",
+        f"Measured {result['date']} on {result['machine']}; this invocation took "
+        f"{result['wall_s'] / 60:.0f} min with {c['workers']} worker(s) (runs and evaluations "
+        f"finished earlier are read back). Command: `{command}`",
         "",
-        f"Start policy (the warm-started tiny policy, `{c['policy_run_dir']}`): fresh-world "
-        f"EM {start['fresh_world']['em'] * 100:.1f} ({start['fresh_world']['n']} episodes), "
-        f"held-out EM {start['heldout']['em'] * 100:.1f} ({start['heldout']['n']} episodes). "
+        f"Start policy (the warm-started tiny policy, `{c['policy_run_dir']}`): held-out "
+        f"EM {start['heldout']['em'] * 100:.1f} ({start['heldout']['n']} episodes), "
+        f"fresh-world EM {start['fresh_world']['em'] * 100:.1f} "
+        f"({start['fresh_world']['n']} episodes); questions: {c['questions']}. "
         f"Every run: {c['steps']} steps, {c['leaves_per_step']} leaves or "
         f"{result['tokens_per_step']} generated tokens per step, pool {c['pool_size']}, "
         f"seeds {list(c['seeds'])}; EM and F1 in points, mean ± std over seeds.",
         "",
     ]
     header = (
-        "| method | fresh EM | fresh F1 | held-out EM | effective ratio | mixed anchors/step | "
+        "| method | held-out EM | held-out F1 | fresh-world EM | effective ratio | "
+        "mixed anchors/step | "
         "Brier | AUC | leaves | tokens | tool calls | wall s |"
     )
     rule = "|---" * 12 + "|"
@@ -609,7 +643,7 @@ def _markdown(result: dict[str, Any], command: str) -> str:
         for label, cell in rows:
             lines.append(
                 f"| {label} | {_fmt(cell['em'])} | {_fmt(cell['f1'])} | "
-                f"{_fmt(cell['heldout_em'])} | {_fmt(cell['effective_ratio'], 1, 3)} | "
+                f"{_fmt(cell['fresh_em'])} | {_fmt(cell['effective_ratio'], 1, 3)} | "
                 f"{_fmt(cell['mixed_anchors'], 1, 1)} | {_fmt(cell['brier'], 1, 3)} | "
                 f"{_fmt(cell['auc'], 1, 3)} | {cell['total_leaves']['mean']:.0f} | "
                 f"{cell['total_tokens']['mean']:.0f} | {cell['total_tool_calls']['mean']:.0f} | "
@@ -618,16 +652,16 @@ def _markdown(result: dict[str, Any], command: str) -> str:
         lines.append("")
     paired = result["paired"]
     if paired:
-        lines += ["**Paired differences against GRPO (`uniform`), same seed; fresh-world EM "
-                  "points (one-sample t-test p), held-out EM points**", "",
-                  "| series | method | fresh EM diff | per seed | p | held-out EM diff |",
+        lines += ["**Paired differences against GRPO (`uniform`), same seed; held-out EM "
+                  "points (one-sample t-test p), fresh-world EM points**", "",
+                  "| series | method | held-out EM diff | per seed | p | fresh-world EM diff |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
         for series, methods in paired.items():
             for method, d in methods.items():
                 per_seed = ", ".join(f"{x * 100:+.1f}" for x in d["em_diffs"])
                 lines.append(
                     f"| {series} | {method} | {_fmt(d['em_diff'])} | {per_seed} | "
-                    f"{d['p_value']:.2f} | {_fmt(d['heldout_em_diff'])} |"
+                    f"{d['p_value']:.2f} | {_fmt(d['fresh_em_diff'])} |"
                 )
         lines.append("")
     lines.append(f"Figure: `{result['files']['plot']}`; raw: `{result['files']['json']}`.")
@@ -664,6 +698,12 @@ def _write_json(path: Path, data: Any) -> None:
 # --- main ---------------------------------------------------------------------------------------
 
 
+def _priority(spec: RunSpec) -> int:
+    if spec.group == "main" and spec.series == "leaves":
+        return 0 if spec.label in ("trace", BASELINE) else 1
+    return 2 if spec.group == "main" else 3
+
+
 def _run_all(
     specs: list[RunSpec], context: _Context, on_done: Callable[[dict[str, Any]], None]
 ) -> None:
@@ -691,7 +731,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
     config = config.resolved()
     started = time.perf_counter()
     context, start_eval = _start(config, policy_config)
-    specs = run_specs(config)
+    # the headline pair first, so that an interrupted run has reported what matters most
+    specs = sorted(run_specs(config), key=_priority)
     log.info(
         "%d runs of %d steps (%d leaves or %d tokens per step) in %s",
         len(specs), config.steps, config.leaves_per_step, context.tokens_per_step, config.out_dir,

@@ -111,15 +111,20 @@ def test_experiment_runs_every_cell_writes_results_and_resumes(tmp_path, tiny_re
     assert "old" not in section and section.count("<!-- experiment:t -->") == 1
     assert "| trace |" in section and "Paired differences" in section
 
-    # A rerun trains nothing; a lost evaluation is redone with the same draws.
+    # A rerun trains nothing; an evaluation lost to a kill is redone with the same draws.
     trained = {r: (config.out_dir / r / "metrics.jsonl").stat().st_mtime_ns for r in runs}
-    (config.out_dir / "main-leaves-uniform-s0" / "experiment_evals.json").unlink()
+    evals_file = config.out_dir / "main-leaves-uniform-s0" / "experiment_evals.json"
+    record = json.loads(evals_file.read_text())
+    del record["evals"]["2"]
+    evals_file.write_text(json.dumps(record))
     second = main(config, recipe)
     after = {r: (config.out_dir / r / "metrics.jsonl").stat().st_mtime_ns for r in runs}
     assert after == trained
     assert (
         second["runs"]["main-leaves-uniform-s0"]["evals"] == runs["main-leaves-uniform-s0"]["evals"]
     )
+    with pytest.raises(ValueError, match="other settings"):  # never mixes two configurations
+        main(dataclasses.replace(config, lr=1e-3), recipe)
 
 
 def test_run_spec_ids_name_the_cell():
