@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from retrieval.base import Hit, Retriever
@@ -70,13 +71,23 @@ class MicroBatcher:
     of tasks, then `await stop()`.
 
     Args:
-        retriever: the index to search; it runs in a worker thread, one batch at a time.
+        retriever: the index to search; it runs in one worker thread, one batch at a time.
         config: batch size, wait and queue limits.
+        thread_setup: called once in that worker thread before its first search, for settings
+            that hold per thread (faiss's OpenMP thread count).
     """
 
-    def __init__(self, retriever: Retriever, config: BatchingConfig | None = None) -> None:
+    def __init__(
+        self,
+        retriever: Retriever,
+        config: BatchingConfig | None = None,
+        *,
+        thread_setup: Callable[[], object] | None = None,
+    ) -> None:
         config = config or BatchingConfig()
         self._retriever = retriever
+        self._thread_setup = thread_setup
+        self._executor: ThreadPoolExecutor | None = None
         self._max_batch_queries = config.max_batch_queries
         self._max_wait_s = config.max_wait_ms / 1000
         self._max_pending_queries = config.max_pending_queries
@@ -88,8 +99,11 @@ class MicroBatcher:
         self._n_requests = self._n_batches = self._n_searched = self._largest_batch = 0
 
     async def start(self) -> None:
-        """Start the worker task."""
+        """Start the worker task and its search thread."""
         if self._worker is None:
+            self._executor = ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="retrieval-search", initializer=self._thread_setup
+            )
             self._worker = asyncio.create_task(self._run(), name="retrieval-batcher")
 
     async def stop(self) -> None:
@@ -98,6 +112,9 @@ class MicroBatcher:
             self._worker.cancel()
             await asyncio.gather(self._worker, return_exceptions=True)
             self._worker = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
         leftovers = [*self._inflight, *([self._carried] if self._carried is not None else [])]
         self._inflight = []
         self._carried = None
@@ -173,7 +190,9 @@ class MicroBatcher:
         for k, items in by_k.items():
             distinct = list(dict.fromkeys(q for item in items for q in item.queries))
             try:
-                rows = await asyncio.to_thread(self._retriever.search, distinct, k)
+                rows = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._retriever.search, distinct, k
+                )
             except Exception as err:  # handed to each waiting request, which reports it
                 log.exception("retriever failed on a batch of %d queries", len(distinct))
                 for item in items:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -180,6 +181,7 @@ def serve_retriever(argv: list[str]) -> int:
     from retrieval.indexes import load_index
     from retrieval.server import create_app, serve
 
+    thread_setup = None
     if config.threads is not None:
         import faiss
         import torch
@@ -187,6 +189,8 @@ def serve_retriever(argv: list[str]) -> int:
         # process-wide settings, fine here: this process exists to serve this index
         torch.set_num_threads(config.threads)
         faiss.omp_set_num_threads(config.threads)
+        # faiss's OpenMP count holds per thread only, so the searching thread sets it again
+        thread_setup = functools.partial(faiss.omp_set_num_threads, config.threads)
     try:
         retriever = load_index(config.index, mmap=config.mmap)
     except (RetrievalError, ValueError) as err:
@@ -196,7 +200,11 @@ def serve_retriever(argv: list[str]) -> int:
         print(f"retriever ready at {url} (index {retriever.index_id})", flush=True)
 
     app = create_app(
-        retriever, manifest=retriever.manifest, limits=config.limits, batching=config.batching
+        retriever,
+        manifest=retriever.manifest,
+        limits=config.limits,
+        batching=config.batching,
+        thread_setup=thread_setup,
     )
     try:
         serve(app, host=config.host, port=config.port, on_ready=announce)

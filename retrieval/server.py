@@ -58,6 +58,7 @@ def create_app(
     manifest: IndexManifest | None = None,
     limits: ServerLimits | None = None,
     batching: BatchingConfig | None = None,
+    thread_setup: Callable[[], object] | None = None,
 ) -> FastAPI:
     """The ASGI app serving `retriever` over Search-R1's API.
 
@@ -66,10 +67,11 @@ def create_app(
         manifest: shown by `/health` (the index's manifest, if it has one).
         limits: request limits.
         batching: micro-batching settings.
+        thread_setup: run once in the thread that searches (see `MicroBatcher`).
     """
     limits = limits or ServerLimits()
     batching = batching or BatchingConfig()
-    batcher = MicroBatcher(retriever, batching)
+    batcher = MicroBatcher(retriever, batching, thread_setup=thread_setup)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

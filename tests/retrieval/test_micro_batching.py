@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
@@ -100,3 +101,32 @@ def test_invalid_batching_config_is_rejected():
         BatchingConfig(max_batch_queries=0)
     with pytest.raises(ValueError, match="positive"):
         BatchingConfig(max_wait_ms=-1)
+
+
+def test_searches_run_in_one_thread_set_up_once(counting):
+    # faiss's OpenMP thread count holds per thread: the setup must reach the searching thread
+    set_up, searched_in = [], set()
+
+    class Recording:
+        index_id = counting.index_id
+
+        def search(self, queries, k):
+            searched_in.add(threading.get_ident())
+            return counting.search(queries, k)
+
+    async def body():
+        batcher = MicroBatcher(
+            Recording(),
+            BatchingConfig(max_batch_queries=1),
+            thread_setup=lambda: set_up.append(threading.get_ident()),
+        )
+        await batcher.start()
+        try:
+            await asyncio.gather(*(batcher.search([f"q{i}"], 1) for i in range(20)))
+        finally:
+            await batcher.stop()
+
+    _run(body())
+    assert len(set_up) == 1
+    assert searched_in == set(set_up)
+    assert threading.get_ident() not in searched_in
