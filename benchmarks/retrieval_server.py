@@ -21,6 +21,7 @@ Run: `python -m benchmarks.retrieval_server --json` (`--quick` for a smoke test)
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import queue
 import re
@@ -142,8 +143,14 @@ async def _load_in_process(
     queries: list[str],
     n_requests: int,
     concurrency: int,
+    threads: int | None,
 ) -> dict[str, Any]:
-    batcher = MicroBatcher(retriever, config)
+    thread_setup = None
+    if threads is not None:
+        import faiss
+
+        thread_setup = functools.partial(faiss.omp_set_num_threads, threads)  # as the server does
+    batcher = MicroBatcher(retriever, config, thread_setup=thread_setup)
     await batcher.start()
     n_sent = 0
 
@@ -202,7 +209,9 @@ def main(args: Args) -> dict[str, Any]:
         retriever.save(index_dir)
         in_process = {
             mode: asyncio.run(
-                _load_in_process(retriever, config, queries, args.n_requests, args.concurrency)
+                _load_in_process(
+                    retriever, config, queries, args.n_requests, args.concurrency, args.threads
+                )
             )
             for mode, config in (
                 ("batched", BatchingConfig()),
