@@ -8,6 +8,9 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 
+from envs import WorldConfig
+from harness import tiny_policy
+
 # `ci` (default): derandomised and bounded; `thorough`: many more examples, for a local soak.
 settings.register_profile(
     "ci",
@@ -35,3 +38,36 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(SHARED_DATA_REASON)
     return SHARED_DATA
+
+
+# A tiny policy recipe for end-to-end tests of the demo and the experiment.
+_TINY_RECIPE = tiny_policy.TinyPolicyConfig(
+    world=WorldConfig(
+        n_countries=3,
+        n_cities=8,
+        n_people=60,
+        n_films=8,
+        n_books=6,
+        n_companies=4,
+        n_universities=3,
+        n_distractors=5,
+        sentences_per_doc=2,
+        questions_per_kind=2,
+    ),
+    vocab_size=600,
+    model=tiny_policy.ModelConfig(
+        hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128
+    ),
+    demos=tiny_policy.DemoConfig(n_worlds=1, target_variants=1),
+    sft=tiny_policy.SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
+    env=tiny_policy.EnvSettings(max_turns=3),
+    eval=tiny_policy.EvalConfig(
+        n_unseen_questions=4, n_dev_samples=1, n_samples=1, max_action_tokens=12
+    ),
+)
+
+
+@pytest.fixture
+def tiny_recipe() -> tiny_policy.TinyPolicyConfig:
+    """A tiny policy recipe that builds in seconds (its accuracy is near zero)."""
+    return _TINY_RECIPE
