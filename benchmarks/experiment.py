@@ -257,13 +257,11 @@ class _Context:
     config: ExperimentConfig
 
 
-def _test_sets(config: ExperimentConfig) -> dict[str, tuple[Any, Any, int]]:
+def _test_sets(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any, Any, int]]:
     """The two test sets: name -> (env factory, tasks, samples per question)."""
     from envs import World
-    from harness.tiny_policy.pipeline import is_hard, load_artifacts
+    from harness.tiny_policy.pipeline import is_hard
     from retrieval.bm25 import BM25Retriever
-
-    artifacts = load_artifacts(config.policy_run_dir)
 
     def keep(task: Any) -> bool:
         return config.questions == "all" or is_hard(task)
@@ -276,8 +274,8 @@ def _test_sets(config: ExperimentConfig) -> dict[str, tuple[Any, Any, int]]:
     world = artifacts.world()
     held_ids = [*artifacts.split["test"], *artifacts.split["test_entities"]]
     held_tasks = [world.tasks[i] for i in held_ids if keep(world.tasks[i])]
+    world_retriever = BM25Retriever.build(world.documents)
     env = artifacts.config.env
-    world_env = artifacts.make_env(world)
     return {
         "fresh_world": (
             lambda: env.make_env(fresh.tasks, fresh_retriever),
@@ -285,7 +283,7 @@ def _test_sets(config: ExperimentConfig) -> dict[str, tuple[Any, Any, int]]:
             config.test_samples,
         ),
         "heldout": (
-            lambda: env.make_env(world.tasks, world_env.retriever),
+            lambda: env.make_env(world.tasks, world_retriever),
             held_tasks,
             config.heldout_samples,
         ),
@@ -293,13 +291,16 @@ def _test_sets(config: ExperimentConfig) -> dict[str, tuple[Any, Any, int]]:
 
 
 def _evaluate(
-    policy_dir: Path, label: str, config: ExperimentConfig, test_sets: dict[str, Any]
+    policy_dir: Path,
+    label: str,
+    config: ExperimentConfig,
+    artifacts: Any,
+    test_sets: dict[str, Any],
 ) -> dict[str, Any]:
     """EM, F1 and tokens per episode of one policy on every test set (same seed for all)."""
     from benchmarks.evaluation import evaluate_policy_dir
-    from harness.tiny_policy.pipeline import load_artifacts
 
-    max_new_tokens = load_artifacts(config.policy_run_dir).config.eval.max_action_tokens
+    max_new_tokens = artifacts.config.eval.max_action_tokens
     out: dict[str, Any] = {}
     for name, (env_factory, tasks, n_samples) in test_sets.items():
         report = evaluate_policy_dir(
@@ -336,7 +337,8 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
         start_eval = cached["eval"]
     else:
         log.info("evaluating the start policy on the test sets")
-        start_eval = _evaluate(artifacts.policy_dir, "start", config, _test_sets(config))
+        test_sets = _test_sets(config, artifacts)
+        start_eval = _evaluate(artifacts.policy_dir, "start", config, artifacts, test_sets)
         _write_json(path, {"key": key, "eval": start_eval})
     # The token series' budget: what the leaf budget costs the start policy on the training
     # world, rounded to whole tokens.
@@ -361,8 +363,9 @@ def _eval_key(config: ExperimentConfig) -> dict[str, Any]:
 # --- one run ------------------------------------------------------------------------------------
 
 
-def _train_config(spec: RunSpec, context: _Context, steps: int, resume: bool) -> Any:
-    from harness.tiny_policy.pipeline import load_artifacts
+def _train_config(
+    spec: RunSpec, context: _Context, artifacts: Any, steps: int, resume: bool
+) -> Any:
     from harness.trainer import (
         AllocConfig,
         BudgetConfig,
@@ -374,7 +377,6 @@ def _train_config(spec: RunSpec, context: _Context, steps: int, resume: bool) ->
     )
 
     config = context.config
-    artifacts = load_artifacts(config.policy_run_dir)
     per_step = spec.per_step if spec.per_step is not None else context.tokens_per_step
     return TrainConfig(
         run_dir=config.out_dir / spec.run_id,
@@ -408,6 +410,7 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     """Train one run segment by segment, evaluating after each; resumes whatever is done."""
     from harness.checkpoint import latest_checkpoint
     from harness.metrics_log import read_metrics
+    from harness.tiny_policy.pipeline import load_artifacts
     from harness.trainer import train
 
     config = context.config
@@ -427,6 +430,7 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
             f"{run_dir} holds a run with other settings ({evals_path}); "
             "use another --out-dir or delete it"
         )
+    artifacts = load_artifacts(config.policy_run_dir)  # the policy's world and env, read once
     test_sets = None
     for at in config.eval_at:
         if str(at) in record["evals"]:
@@ -434,9 +438,10 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
         checkpoint = latest_checkpoint(run_dir)
         done = _checkpoint_step(checkpoint)
         if done < at:
-            train(_train_config(spec, context, at, resume=checkpoint is not None))
-        test_sets = test_sets or _test_sets(config)
-        record["evals"][str(at)] = _evaluate(run_dir / "policy", spec.run_id, config, test_sets)
+            train(_train_config(spec, context, artifacts, at, resume=checkpoint is not None))
+        test_sets = test_sets or _test_sets(config, artifacts)
+        policy = run_dir / "policy"
+        record["evals"][str(at)] = _evaluate(policy, spec.run_id, config, artifacts, test_sets)
         _write_json(evals_path, record)
     metrics = [r for r in read_metrics(run_dir) if "rollout/effective_ratio" in r]
     return {"spec": spec, "evals": record["evals"], "metrics": metrics}
