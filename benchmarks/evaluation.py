@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.agents import Agent, AgentAction
-from envs.tasks import QATask
+from envs.tasks import QATask, as_gold_answers
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -143,7 +143,7 @@ class EpisodeRecord:
             task_id=record["task_id"],
             dataset=record["dataset"],
             question=record["question"],
-            golden_answers=tuple(record["golden_answers"]),
+            golden_answers=as_gold_answers(record["golden_answers"]),
             question_type=record["question_type"],
             n_hops=record["n_hops"],
             answer=record["answer"],

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from envs.protocol import parse_action
+from envs.tasks import as_gold_answers
 
 __all__ = [
     "AnswerScores",
@@ -50,12 +51,21 @@ def normalize_answer(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+Golds = str | Sequence[str]
+"""Gold answers: a sequence of aliases, or one answer as a bare string (never split)."""
+
+
+def _normalized(golden_answers: Golds) -> list[str]:
+    return [normalize_answer(g) for g in as_gold_answers(golden_answers)]
+
+
 def _exact(pred: str, golds: Sequence[str]) -> float:
     return float(pred in golds)
 
 
 def _sub_exact(pred: str, golds: Sequence[str]) -> float:
-    return float(any(gold and gold in pred for gold in golds))
+    # an empty gold ("The") matches only an empty prediction, so sub-EM is never below EM
+    return float(any(gold in pred if gold else not pred for gold in golds))
 
 
 def _f1(pred: str, golds: Sequence[str]) -> float:
@@ -73,32 +83,37 @@ def _f1(pred: str, golds: Sequence[str]) -> float:
     return best
 
 
-def exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
+def exact_match(prediction: str, golden_answers: Golds) -> float:
     """1.0 if the normalised prediction equals any normalised gold answer, else 0.0.
 
     >>> exact_match("the Beatles", ["Beatles", "The Fab Four"])
     1.0
     >>> exact_match("Beatles band", ["Beatles"])
     0.0
+    >>> exact_match("Paris", "Paris"), exact_match("P", "Paris")  # a string is one answer
+    (1.0, 0.0)
     """
-    return _exact(normalize_answer(prediction), [normalize_answer(g) for g in golden_answers])
+    return _exact(normalize_answer(prediction), _normalized(golden_answers))
 
 
-def sub_exact_match(prediction: str, golden_answers: Sequence[str]) -> float:
+def sub_exact_match(prediction: str, golden_answers: Golds) -> float:
     """1.0 if any normalised gold answer occurs inside the normalised prediction, else 0.0.
 
-    A gold answer that normalises to "" (e.g. "The") never matches, unlike FlashRAG's, where it
-    would match every prediction.
+    A gold answer that normalises to "" (e.g. "The") matches only a prediction that normalises
+    to "" too (as EM does), unlike FlashRAG's, where it would match every prediction. So
+    sub-EM is never below EM.
 
     >>> sub_exact_match("it was the Beatles band", ["Beatles"])
     1.0
+    >>> sub_exact_match("The The", "The"), sub_exact_match("anything", "The")
+    (1.0, 0.0)
     >>> sub_exact_match("Beatles", ["The Beatles band"])
     0.0
     """
-    return _sub_exact(normalize_answer(prediction), [normalize_answer(g) for g in golden_answers])
+    return _sub_exact(normalize_answer(prediction), _normalized(golden_answers))
 
 
-def token_f1(prediction: str, golden_answers: Sequence[str]) -> float:
+def token_f1(prediction: str, golden_answers: Golds) -> float:
     """Token-level F1 of the normalised strings, the best over the gold answers (FlashRAG).
 
     If either side normalises to yes/no/noanswer, the pair scores only if both are equal.
@@ -108,7 +123,7 @@ def token_f1(prediction: str, golden_answers: Sequence[str]) -> float:
     >>> token_f1("no", ["no way"])
     0.0
     """
-    return _f1(normalize_answer(prediction), [normalize_answer(g) for g in golden_answers])
+    return _f1(normalize_answer(prediction), _normalized(golden_answers))
 
 
 def extract_answer(action: str) -> str | None:
@@ -134,14 +149,14 @@ class AnswerScores:
     f1: float
 
 
-def score_answer(prediction: str, golden_answers: Sequence[str]) -> AnswerScores:
+def score_answer(prediction: str, golden_answers: Golds) -> AnswerScores:
     """EM, sub-EM and token F1 of one prediction.
 
     >>> score_answer("Paris", ["Paris", "City of Light"])
     AnswerScores(em=1.0, sub_em=1.0, f1=1.0)
     """
     pred = normalize_answer(prediction)
-    golds = [normalize_answer(g) for g in golden_answers]
+    golds = _normalized(golden_answers)
     return AnswerScores(em=_exact(pred, golds), sub_em=_sub_exact(pred, golds), f1=_f1(pred, golds))
 
 

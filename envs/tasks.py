@@ -12,9 +12,22 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-__all__ = ["Paragraph", "QATask", "TaskSet"]
+__all__ = ["Paragraph", "QATask", "TaskSet", "as_gold_answers"]
 
 SCHEMA_VERSION = 1
+
+
+def as_gold_answers(value: str | Iterable[Any]) -> tuple[str, ...]:
+    """Gold answers as a tuple of strings; a bare string is one answer, never its letters.
+
+    FlashRAG wraps a string gold in a list the same way, so a data file may give either form.
+
+    >>> as_gold_answers("Paris"), as_gold_answers(["Paris", "City of Light"])
+    (('Paris',), ('Paris', 'City of Light'))
+    """
+    if isinstance(value, str):
+        return (value,)
+    return tuple(str(a) for a in value)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +67,8 @@ class QATask:
     Attributes:
         task_id: Unique within its task set.
         question: The question text, as the dataset gives it.
-        golden_answers: Every accepted answer (aliases included); EM matches any of them.
+        golden_answers: Every accepted answer (aliases included); EM matches any of them. A bare
+            string is stored as one answer.
         question_type: The dataset's type label ("bridge", "comparison", "2hop", ...), or "".
         n_hops: Reasoning hops where the dataset states them, else None.
         supporting_doc_ids: Corpus ids of the supporting paragraphs, where known.
@@ -72,6 +86,8 @@ class QATask:
     dataset: str = ""
 
     def __post_init__(self) -> None:
+        # frozen: the one-time coercion of a bare string goes through object.__setattr__
+        object.__setattr__(self, "golden_answers", as_gold_answers(self.golden_answers))
         if not self.golden_answers:
             raise ValueError(f"task {self.task_id!r} has no golden answers")
 
@@ -94,7 +110,7 @@ class QATask:
         return cls(
             task_id=str(record["id"]),
             question=str(record["question"]),
-            golden_answers=tuple(str(a) for a in record["golden_answers"]),
+            golden_answers=as_gold_answers(record["golden_answers"]),
             question_type=str(record.get("question_type", "") or ""),
             n_hops=record.get("n_hops"),
             supporting_doc_ids=tuple(record.get("supporting_doc_ids", ())),

@@ -63,7 +63,8 @@ PARITY = [
     ("yes", ("Yes",), 1.0, 1.0, 1.0),
     ("Mildred Gale", ("Mildred Warner", "Mildred Gale"), 1.0, 1.0, 1.0),  # any gold counts
     ("Mildred", ("Mildred Warner", "Mildred Gale"), 0.0, 0.0, 2 / 3),  # best over golds
-    ("the", ("The",), 1.0, 0.0, 0.0),  # both normalise to "": EM yes, empty gold never a sub-match
+    ("the", ("The",), 1.0, 1.0, 0.0),  # both normalise to "": sub-EM follows EM
+    ("Paris", ("The",), 0.0, 0.0, 0.0),  # an empty gold sub-matches only an empty prediction
 ]
 
 

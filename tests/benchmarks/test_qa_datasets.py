@@ -199,6 +199,18 @@ def test_nq_open_and_flashrag(shared_data: Path) -> None:
     assert {t.dataset for t in fr.tasks} == {"nq"}
 
 
+def test_a_string_gold_loads_as_one_answer_in_every_format(tmp_path: Path) -> None:
+    rows = {
+        "flashrag": {"id": "q1", "question": "Capital?", "golden_answers": "Paris"},
+        "nq-open": {"question": "Capital?", "answer": "Paris"},
+        "hotpotqa": {"_id": "q1", "question": "Capital?", "answer": "Paris", "context": []},
+    }
+    for fmt, row in rows.items():
+        path = tmp_path / f"{fmt}.jsonl"
+        path.write_text(json.dumps(row) + "\n")
+        assert load_file(path, format=fmt).tasks[0].golden_answers == ("Paris",), fmt
+
+
 def test_tracerl_export_roundtrips_through_the_flashrag_loader(tmp_path: Path) -> None:
     # `QATask.to_json` lines (the synthetic world's export) load back unchanged
     from envs.tasks import Paragraph, QATask
