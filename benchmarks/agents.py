@@ -370,6 +370,8 @@ class HTTPAgent:
             observations are part of the model's own stream); `chat` sends a conversation
             (prompt and observations as user turns, actions as assistant turns), for chat-only
             hosted APIs.
+        prompt_wrapper: turns the prompt into the text sent (a chat template applied
+            client-side for `completions`); None sends it as it is.
         settings: extra fields for the report.
     """
 
@@ -380,9 +382,11 @@ class HTTPAgent:
         sampling: SamplingParams,
         *,
         api: Literal["completions", "chat"] = "completions",
+        prompt_wrapper: Callable[[str], str] | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
         self._name = name
+        self.prompt_wrapper = prompt_wrapper
         self.client = client
         self.sampling = sampling
         self.api = api
@@ -402,12 +406,14 @@ class HTTPAgent:
             "backend": "openai-compatible",
             "endpoint": endpoint,
             "api": self.api,
+            "chat_template": self.prompt_wrapper is not None,
             "sampling": _sampling_json(self.sampling),
         }
 
     def start(self, prompt: str, info: Mapping[str, Any]) -> _TextState:
         """The transcript starts with the prompt."""
-        return _TextState(transcript=prompt, messages=[{"role": "user", "content": prompt}])
+        text = prompt if self.prompt_wrapper is None else self.prompt_wrapper(prompt)
+        return _TextState(transcript=text, messages=[{"role": "user", "content": prompt}])
 
     def act(
         self,

@@ -14,6 +14,7 @@ import logging
 import os
 import platform
 import shlex
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,6 +45,7 @@ from benchmarks.qa_datasets import (
 from benchmarks.report import write_reports
 from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
+from envs.protocol import Protocol
 from envs.rewards import RewardKind
 from envs.tasks import TaskSet
 from harness.backends.base import SamplingParams
@@ -234,8 +236,13 @@ class AgentArgs:
     """Per action."""
     max_context_tokens: int = 4096
     """transformers / vllm: stop an episode whose transcript would outgrow this."""
-    chat_template: bool = False
-    """transformers / vllm: wrap the prompt in the tokenizer's chat template (instruct models)."""
+    chat_template: bool | None = None
+    """Wrap the prompt as a user message in the model's chat template. Unset: on with
+    `--protocol search-r1` when the tokenizer has a template (as Search-R1 does), else off.
+    openai needs `--tokenizer` for it."""
+    tokenizer: Path | None = None
+    """openai: a local tokenizer folder whose chat template wraps the prompt (the served
+    model's, for `--protocol search-r1`)."""
     concurrency: int = 16
     """Episodes in flight: the batch of a local model, concurrent requests for openai."""
     timeout_s: float = 120.0
@@ -264,8 +271,13 @@ class BenchConfig(AgentArgs, DataArgs):
     """A corpus JSONL ({"id", "contents"}) to index with BM25 in memory."""
     retriever_url: str | None = None
     """A Search-R1-protocol retrieval server (`tracerl serve-retriever`, wiki-18 servers)."""
-    max_turns: int = 4
-    """Actions per episode (Search-R1's protocol: 4)."""
+    protocol: Protocol = "trace-rl"
+    """`search-r1` reproduces Search-R1's prompt, observation text and action parsing byte for
+    byte (to evaluate its checkpoints); `trace-rl` is ours (docs/benchmarks.md, "Where we
+    differ")."""
+    max_turns: int | None = None
+    """Actions per episode. Unset: 4, or 5 with `--protocol search-r1` (its `max_turns=4` is
+    four search rounds plus a final answer-only round)."""
     topk: int = 3
     """Documents per search."""
     reward: RewardKind = "em"
@@ -278,6 +290,13 @@ class BenchConfig(AgentArgs, DataArgs):
     """Draw a progress bar with the running EM (stderr)."""
     json: bool = False
     """Print one JSON object (overall metrics per agent) as the last line of stdout."""
+
+    @property
+    def env_max_turns(self) -> int:
+        """`--max-turns`, or the protocol's default."""
+        if self.max_turns is not None:
+            return self.max_turns
+        return 5 if self.protocol == "search-r1" else 4
 
 
 def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[str, Any]]:
@@ -344,7 +363,54 @@ def _sampling(args: AgentArgs, seed: int) -> SamplingParams:
     )
 
 
-def make_agent(kind: AgentKind, args: AgentArgs, data: LoadedData, *, seed: int = 0) -> Agent:
+def _use_chat_template(args: AgentArgs, protocol: Protocol, tokenizer: Any) -> bool:
+    """`--chat-template` if given, else Search-R1's rule under its protocol.
+
+    Search-R1 wraps the prompt whenever the tokenizer has a chat template.
+    """
+    if args.chat_template is not None:
+        return args.chat_template
+    return protocol == "search-r1" and bool(getattr(tokenizer, "chat_template", None))
+
+
+def _chat_wrapper(args: AgentArgs, protocol: Protocol) -> Callable[[str], str] | None:
+    """openai: the chat-template wrapper of `--tokenizer`, if the prompt is to be wrapped."""
+    if args.tokenizer is None:
+        if args.chat_template:
+            raise BenchmarkError("--agent openai --chat-template needs --tokenizer DIR")
+        if protocol == "search-r1" and args.api == "completions":
+            log.warning(
+                "--protocol search-r1: the prompt is sent without the model's chat template "
+                "(Search-R1 applies it when the tokenizer has one); pass --tokenizer DIR"
+            )
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise BenchmarkError(f"--tokenizer {args.tokenizer}: cannot load a tokenizer") from err
+    if not _use_chat_template(args, protocol, tokenizer):
+        return None
+
+    def wrap(prompt: str) -> str:
+        return str(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+            )
+        )
+
+    return wrap
+
+
+def make_agent(
+    kind: AgentKind,
+    args: AgentArgs,
+    data: LoadedData,
+    *,
+    seed: int = 0,
+    protocol: Protocol = "trace-rl",
+) -> Agent:
     """Build one agent of `kind` from the command-line settings.
 
     Raises:
@@ -383,7 +449,13 @@ def make_agent(kind: AgentKind, args: AgentArgs, data: LoadedData, *, seed: int 
             max_concurrency=args.concurrency,
             extensions=args.extensions,
         )
-        return HTTPAgent(name, OpenAICompatClient(endpoint), sampling, api=args.api)
+        return HTTPAgent(
+            name,
+            OpenAICompatClient(endpoint),
+            sampling,
+            api=args.api,
+            prompt_wrapper=_chat_wrapper(args, protocol),
+        )
     settings = {"backend": kind, "model": args.model}
     if kind == "transformers":
         from harness.backends.transformers_backend import TransformersBackend
@@ -404,7 +476,7 @@ def make_agent(kind: AgentKind, args: AgentArgs, data: LoadedData, *, seed: int 
         backend,
         tokenizer,
         sampling,
-        chat_template=args.chat_template,
+        chat_template=_use_chat_template(args, protocol, tokenizer),
         max_context_tokens=args.max_context_tokens,
         settings=settings,
     )
@@ -434,7 +506,8 @@ def _meta(
             "max_turns": env.max_turns,
             "top_k": env.top_k,
             "reward": env.reward,
-            "max_doc_chars": env.max_doc_chars,
+            "max_doc_chars": None if env.protocol == "search-r1" else env.max_doc_chars,
+            "protocol": env.protocol,
             "prompt_sha256": env.prompt_sha256,
         },
         "seed": config.seed,
@@ -484,16 +557,18 @@ def bench(argv: list[str]) -> int:
         retriever, retriever_meta = _retriever(config, data)
         tasks = _recall_tasks(data.dataset.tasks, retriever)
         env_kwargs: dict[str, Any] = {
-            "max_turns": config.max_turns,
+            "max_turns": config.env_max_turns,
             "top_k": config.topk,
             "reward": config.reward,
+            "protocol": config.protocol,
         }
         if config.prompt_template is not None:
             env_kwargs["prompt_template"] = config.prompt_template
         env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
         meta = _meta(config, argv, data, retriever_meta, env_config)
         agents = [
-            make_agent(kind, config, data, seed=config.seed) for kind in dict.fromkeys(config.agent)
+            make_agent(kind, config, data, seed=config.seed, protocol=config.protocol)
+            for kind in dict.fromkeys(config.agent)
         ]
     except (BenchmarkError, RetrievalError, EnvError, HarnessError) as err:
         log.error("%s", err)

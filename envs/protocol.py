@@ -9,6 +9,14 @@ stops generation there anyway. The environment answers a search with
 
 Parsing is linear in the input (`str.find`/`str.rfind`, no backtracking regex), so a 1 MB action
 costs a few milliseconds and can never raise.
+
+`Protocol` names the two dialects. `"trace-rl"` (the default) is the one above. `"search-r1"`
+reproduces Search-R1's rollout loop byte for byte, for evaluating its checkpoints: a search
+is answered with `\\n\\n<information>Doc 1(Title: "T") text\\nDoc 2(…)</information>\\n\\n`, the
+title is the first line of the document's `contents` as it is (quotes included) and the text is
+the rest, never cut; an invalid action gets Search-R1's fixed message; an action is parsed as
+Search-R1 parses it (`parse_action_search_r1`); the prompt keeps every character. The
+remaining differences are listed in docs/benchmarks.md, "Where we differ from Search-R1".
 """
 
 from __future__ import annotations
@@ -25,16 +33,22 @@ __all__ = [
     "DEFAULT_PROMPT_TEMPLATE",
     "MAX_CONTENT_CHARS",
     "MAX_TEXT_CHARS",
+    "PROTOCOLS",
     "ActionKind",
     "ParsedAction",
+    "Protocol",
     "format_information",
+    "format_information_search_r1",
     "format_prompt",
     "invalid_action_message",
     "parse_action",
+    "parse_action_search_r1",
     "to_charset",
 ]
 
 ActionKind = Literal["search", "answer", "invalid"]
+Protocol = Literal["trace-rl", "search-r1"]
+PROTOCOLS: tuple[Protocol, ...] = ("trace-rl", "search-r1")
 
 MAX_TEXT_CHARS = 1 << 16
 """`max_length` of the env's text spaces: every prompt and observation fits in it."""
@@ -86,18 +100,22 @@ DEFAULT_PROMPT_TEMPLATE = (
 """Search-R1's instruction prompt (`make_prefix`, instruct variant), with `{question}`."""
 
 
-def format_prompt(template: str, question: str) -> str:
+def format_prompt(template: str, question: str, *, exact: bool = False) -> str:
     """Fill a prompt template as Search-R1 does: strip the question, end it with "?".
 
     The placeholder is replaced literally (not `str.format`), so templates may hold braces.
+    Characters outside `CHARSET` become U+FFFD unless `exact` (the search-r1 protocol).
 
     >>> format_prompt("Q: {question}", " Who founded Acme ")
     'Q: Who founded Acme?'
+    >>> format_prompt("Q: {question}", "北京", exact=True)
+    'Q: 北京?'
     """
     question = question.strip()
     if not question.endswith("?"):
         question += "?"
-    return to_charset(template.replace("{question}", question))
+    prompt = template.replace("{question}", question)
+    return prompt if exact else to_charset(prompt)
 
 
 _CLOSERS: tuple[tuple[str, ActionKind], ...] = (("</search>", "search"), ("</answer>", "answer"))
@@ -169,14 +187,19 @@ def parse_action(text: str) -> ParsedAction:
     return ParsedAction(best_kind, content, "", end)
 
 
-def invalid_action_message(reason: str) -> str:
-    """The observation that answers an invalid action (Search-R1's wording, plus the reason).
+def invalid_action_message(reason: str | None) -> str:
+    """The observation that answers an invalid action: Search-R1's wording, plus the reason.
+
+    A `reason` of None gives Search-R1's message exactly (the search-r1 protocol).
 
     >>> invalid_action_message("empty search")[:40]
     '\\nMy previous action is invalid (empty se'
+    >>> invalid_action_message(None)[:33]
+    '\\nMy previous action is invalid. I'
     """
+    why = "" if reason is None else f" ({reason})"
     return (
-        f"\nMy previous action is invalid ({reason}). If I want to search, I should put the "
+        f"\nMy previous action is invalid{why}. If I want to search, I should put the "
         "query between <search> and </search>. If I want to give the final answer, I should "
         "put the answer between <answer> and </answer>. Let me try again.\n"
     )
@@ -199,3 +222,56 @@ def format_information(hits: Sequence[Hit], *, max_doc_chars: int) -> str:
         text = hit.text if len(hit.text) <= max_doc_chars else hit.text[:max_doc_chars] + "…"
         lines.append(f"Doc {i}(Title: {hit.title}) {text}")
     return to_charset("\n<information>" + "\n".join(lines) + "</information>\n")
+
+
+# Search-R1 cuts a response at its first `</search>` (anywhere), else at its first `</answer>`,
+# then takes the leftmost `<search>…</search>` or `<answer>…</answer>` pair in what is left.
+_SEARCH_R1_PAIR = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+def parse_action_search_r1(text: str) -> ParsedAction:
+    """Parse an action exactly as Search-R1's rollout loop does.
+
+    The text is cut after its first `</search>` if it has one, else after its first
+    `</answer>`; the action is then the leftmost `<search>…</search>` or `<answer>…</answer>`
+    pair of the cut text, its content stripped. Unlike `parse_action`, an empty content and a
+    content holding other tags are valid, and there is no length limit. The regex runs on at
+    most the text up to one closing tag, so its cost is bounded by the action's length.
+
+    >>> parse_action_search_r1("<answer> x </answer> then <search> q </search>").content
+    'x'
+    >>> parse_action_search_r1("<search></search>")
+    ParsedAction(kind='search', content='', reason='', end=17)
+    >>> parse_action_search_r1("no tags").kind
+    'invalid'
+    """
+    end = len(text)
+    for closer in ("</search>", "</answer>"):
+        at = text.find(closer)
+        if at != -1:
+            end = at + len(closer)
+            break
+    match = _SEARCH_R1_PAIR.search(text, 0, end)
+    if match is None:
+        return ParsedAction("invalid", "", "no <search>…</search> or <answer>…</answer>", end)
+    kind: ActionKind = "search" if match.group(1) == "search" else "answer"
+    return ParsedAction(kind, match.group(2).strip(), "", end)
+
+
+def format_information_search_r1(hits: Sequence[Hit]) -> str:
+    """Format search hits exactly as Search-R1 shows them to its policy.
+
+    Each document is `Doc i(Title: <first line of contents>) <the other lines>` followed by a
+    newline; the whole list is stripped and wrapped in `\\n\\n<information>…</information>\\n\\n`.
+    The title keeps wiki-18's double quotes and nothing is cut. No hits give an empty
+    `<information></information>`, as Search-R1 does for an empty result list.
+
+    >>> h = Hit(doc_id="0", title="Paris", text="Paris is in France.", score=1.0)
+    >>> format_information_search_r1([h])
+    '\\n\\n<information>Doc 1(Title: "Paris") Paris is in France.</information>\\n\\n'
+    """
+    lines = []
+    for i, hit in enumerate(hits, start=1):
+        title, _, text = hit.contents.partition("\n")
+        lines.append(f"Doc {i}(Title: {title}) {text}\n")
+    return f"\n\n<information>{''.join(lines).strip()}</information>\n\n"

@@ -39,11 +39,15 @@ from envs.protocol import (
     CHARSET,
     DEFAULT_PROMPT_TEMPLATE,
     MAX_TEXT_CHARS,
+    PROTOCOLS,
     ActionKind,
+    Protocol,
     format_information,
+    format_information_search_r1,
     format_prompt,
     invalid_action_message,
     parse_action,
+    parse_action_search_r1,
 )
 from envs.rewards import RewardKind, format_reward, reward_for_answer, score_answer
 from envs.snapshot import SCHEMA_VERSION, EnvSnapshot, TurnRecord
@@ -82,7 +86,10 @@ class SearchQAConfig:
             "format" (Tree-GRPO's format-shaped reward, `envs.rewards.format_reward`).
         f1_threshold: used by the "f1_threshold" reward.
         prompt_template: the prompt, with a literal `{question}` placeholder.
-        max_doc_chars: each document's text is cut to this many characters in observations.
+        max_doc_chars: each document's text is cut to this many characters in observations
+            (the trace-rl protocol; the search-r1 protocol never cuts).
+        protocol: "trace-rl" (ours) or "search-r1" (Search-R1's observation text, invalid-action
+            message and action parsing, byte for byte; see `envs.protocol`).
     """
 
     max_turns: int = 4
@@ -91,6 +98,7 @@ class SearchQAConfig:
     f1_threshold: float = 0.3
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     max_doc_chars: int = 2_000
+    protocol: Protocol = "trace-rl"
 
     def __post_init__(self) -> None:
         if self.max_turns < 2:
@@ -105,6 +113,10 @@ class SearchQAConfig:
             raise EnvConfigError("prompt_template has no {question} placeholder")
         if self.max_doc_chars < 1:
             raise EnvConfigError(f"max_doc_chars={self.max_doc_chars}: must be >= 1")
+        if self.protocol not in PROTOCOLS:
+            raise EnvConfigError(f"protocol={self.protocol!r}: choose one of {PROTOCOLS}")
+        if self.protocol == "search-r1":
+            return  # documents are never cut, so no size bound applies (see envs.protocol)
         longest = self.top_k * (self.max_doc_chars + _DOC_OVERHEAD) + _INFO_OVERHEAD
         if longest > MAX_TEXT_CHARS:
             raise EnvConfigError(
@@ -173,6 +185,7 @@ class SearchQAEnv(gym.Env[str, str]):
         prompt_template: prompt with a `{question}` placeholder (Search-R1's by default).
         max_doc_chars: cut each document's text to this many characters; None takes the
             largest value whose observations fit the text space.
+        protocol: "trace-rl" or "search-r1" (`SearchQAConfig.protocol`).
 
     Raises:
         EnvConfigError: an argument is out of range, or `tasks` is empty.
@@ -211,6 +224,7 @@ class SearchQAEnv(gym.Env[str, str]):
         f1_threshold: float = 0.3,
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
         max_doc_chars: int | None = 2_000,
+        protocol: Protocol = "trace-rl",
     ) -> None:
         if not isinstance(tasks, TaskSet):
             tasks = TaskSet(tasks)
@@ -227,6 +241,7 @@ class SearchQAEnv(gym.Env[str, str]):
                 if max_doc_chars is None
                 else max_doc_chars
             ),
+            protocol=protocol,
         )
         # Text builds a per-character index (~1 ms); forks copy this template in O(1) instead.
         template = Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
@@ -360,7 +375,10 @@ class SearchQAEnv(gym.Env[str, str]):
             task = tasks[task_id]
         else:
             task = tasks[int(self.np_random.integers(len(tasks)))]
-        prompt = format_prompt(self._shared.config.prompt_template, task.question)
+        config = self._shared.config
+        prompt = format_prompt(
+            config.prompt_template, task.question, exact=config.protocol == "search-r1"
+        )
         if len(prompt) > MAX_TEXT_CHARS:
             raise EnvConfigError(
                 f"task {task.task_id!r} makes a {len(prompt)}-character prompt, over the text "
@@ -404,7 +422,8 @@ class SearchQAEnv(gym.Env[str, str]):
                 f"the episode on task {ep.task.task_id!r} is over ({how}); call reset()"
             )
         config = self._shared.config
-        parsed = parse_action(action)
+        exact = config.protocol == "search-r1"
+        parsed = parse_action_search_r1(action) if exact else parse_action(action)
         reward = 0.0
         extra: dict[str, Any] = {}
         n_tool_calls, n_invalid, doc_ids = ep.n_tool_calls, ep.n_invalid, ep.retrieved_doc_ids
@@ -412,9 +431,13 @@ class SearchQAEnv(gym.Env[str, str]):
             key = normalize_query(parsed.content)
             hits = _cached_hits(ep.last, key)
             if hits is None:
-                hits = self._search(key)
+                hits = self._search(key) if key else ()  # search-r1 allows an empty query
             turn = _Turn("search", parsed.content, hits, key, ep.last)
-            observation = format_information(hits, max_doc_chars=config.max_doc_chars)
+            observation = (
+                format_information_search_r1(hits)
+                if exact
+                else format_information(hits, max_doc_chars=config.max_doc_chars)
+            )
             n_tool_calls += 1
             doc_ids = doc_ids + tuple(hit.doc_id for hit in hits)
         elif parsed.kind == "answer":
@@ -432,7 +455,7 @@ class SearchQAEnv(gym.Env[str, str]):
             }
         else:
             turn = _Turn("invalid", parsed.reason, (), "", ep.last)
-            observation = invalid_action_message(parsed.reason)
+            observation = invalid_action_message(None if exact else parsed.reason)
             n_invalid += 1
         terminated = parsed.kind == "answer"
         truncated = not terminated and ep.n_turns + 1 >= config.max_turns
