@@ -57,6 +57,10 @@ class OptimizerStep(Protocol):
         """Optimizer state (tensors, numbers, lists and dicts only)."""
         ...
 
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full weights, whole on every rank (gathered where ZeRO-3 splits them)."""
+        ...
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict` output."""
         ...
@@ -120,6 +124,10 @@ class TorchOptimizer:
     def state_dict(self) -> dict[str, Any]:
         """AdamW's state dict."""
         return self.optimizer.state_dict()
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's state dict (its parameters are whole)."""
+        return self.model.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore AdamW's state dict."""
@@ -219,6 +227,21 @@ class DeepSpeedOptimizer:
         self._boundary = False
         norm = self.engine.get_global_grad_norm() if norm is None else norm
         return float(norm) if norm is not None else float("nan")
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full weights, copied out; under ZeRO-3 gathered from every rank first.
+
+        ZeRO-3 keeps only each rank's partition of a parameter (the module's own tensors are
+        empty placeholders once the group has more than one rank), so a plain `state_dict()`
+        would save empty tensors. `GatheredParameters` assembles them for the copy.
+        """
+        module = self.engine.module
+        if self.zero_stage < 3:
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
     def state_dict(self) -> dict[str, Any]:
         """The ZeRO optimizer's state: its entries made of tensors, numbers and strings only.

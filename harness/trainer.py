@@ -77,6 +77,7 @@ __all__ = [
     "TrainSummary",
     "config_from_dict",
     "load_config",
+    "make_predictor",
     "rollout_metrics",
     "train",
 ]
@@ -406,6 +407,25 @@ class ConstantPredictor:
         self.p = float(state["p"][0])
 
 
+def make_predictor(config: PredictorConfig, *, seed: int) -> MLPPredictor | ConstantPredictor:
+    """The predictor `config.kind` names; the CPU and the OpenRLHF trainers both build it here.
+
+    Args:
+        config: Kind, features and MLP settings.
+        seed: Seeds the MLP's initial weights.
+    """
+    if config.kind == "constant":
+        return ConstantPredictor(config.prior)
+    return MLPPredictor(
+        HashedNgramFeaturizer(dim=config.dim),
+        hidden=config.hidden,
+        lr=config.lr,
+        epochs=config.epochs,
+        prior=config.prior,
+        seed=seed,
+    )
+
+
 # --- data ------------------------------------------------------------------------------------
 
 
@@ -608,17 +628,10 @@ def train(config: TrainConfig) -> TrainSummary:
     allocator = config.alloc.build()
     budget = BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step)
     alloc_rng = np.random.default_rng([config.seed, 1])
-    pc = config.predictor
-    predictor: Any = ConstantPredictor(pc.prior)
-    if pc.kind == "mlp":
-        predictor = MLPPredictor(
-            HashedNgramFeaturizer(dim=pc.dim),
-            hidden=pc.hidden,
-            lr=pc.lr,
-            epochs=pc.epochs,
-            prior=pc.prior,
-            seed=config.seed,
-        )
+    predictor = make_predictor(config.predictor, seed=config.seed)
+    ckpt = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
+    if ckpt is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions them
+        model.load_state_dict(ckpt.model)
     optimizer = make_optimizer(
         model,
         backend=config.optim.backend,
@@ -639,10 +652,7 @@ def train(config: TrainConfig) -> TrainSummary:
     totals = Spend()
     start_step = 0
 
-    if config.resume:
-        assert checkpoint_path is not None
-        ckpt = load_checkpoint(checkpoint_path)
-        model.load_state_dict(ckpt.model)
+    if ckpt is not None:
         optimizer.load_state_dict(ckpt.optimizer)
         predictor.load_state_dict(ckpt.predictor)
         torch.set_rng_state(ckpt.torch_rng)
@@ -743,10 +753,13 @@ def train(config: TrainConfig) -> TrainSummary:
 
         # 4. advantages on the trees the allocator keeps for training
         trees = [result.trees[i] for i in result.train_indices]
+        # leaves without signal carry no weight: not in the gradient, not in the token mean
+        # (docs/decisions.md, "One objective"; the OpenRLHF path does the same)
         leaves = [
-            a.to_tokens(trees[a.tree_index]) for a in tree_advantages(trees, config.loss.advantage)
+            a.to_tokens(trees[a.tree_index])
+            for a in tree_advantages(trees, config.loss.advantage)
+            if a.has_signal
         ]
-        leaves = [t for t in leaves if np.any(t.advantages != 0)]  # zero advantage: no gradient
 
         # 5. policy update
         t_update = time.perf_counter()
@@ -795,7 +808,7 @@ def train(config: TrainConfig) -> TrainSummary:
             save_checkpoint(
                 run_dir,
                 step,
-                model=model.state_dict(),
+                model=optimizer.model_state_dict(),
                 optimizer=optimizer.state_dict(),
                 predictor=predictor.state_dict(),
                 state={
@@ -819,7 +832,7 @@ def train(config: TrainConfig) -> TrainSummary:
     metrics_log.close()
 
     policy_dir = run_dir / "policy"
-    model.save_pretrained(policy_dir)
+    model.save_pretrained(policy_dir, state_dict=optimizer.model_state_dict())
     tokenizer.save_pretrained(policy_dir)
     summary = TrainSummary(
         run_dir=run_dir,
@@ -856,20 +869,21 @@ def _update(
     n_tokens = float(sum(b.mask.sum() for b in batches))  # the step's action tokens
     model = optimizer.model
     kl_coef = config.loss.kl_coef
+    temperature = config.rollout.temperature
     old_logprobs: list[torch.Tensor] = []
     if config.optim.ppo_epochs > 1:  # the behaviour policy's log-probs, before any update
         with torch.no_grad():
-            old_logprobs = [_logprobs(model, b, losses)[0] for b in batches]  # (B, T-1) each
+            old_logprobs = [_logprobs(model, b, losses, temperature)[0] for b in batches]
     ref_logprobs: list[torch.Tensor] = []
     if reference is not None:
         with torch.no_grad():
-            ref_logprobs = [_logprobs(reference, b, losses)[0] for b in batches]  # (B, T-1) each
+            ref_logprobs = [_logprobs(reference, b, losses, temperature)[0] for b in batches]
     sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip": 0.0, "ppo_kl": 0.0, "gap": 0.0}
     grad_norm = nan
     model.train()
     for _ in range(config.optim.ppo_epochs):
         for i, batch in enumerate(batches):
-            logprobs, logits = _logprobs(model, batch, losses)  # (B, T-1), (B, T-1, V)
+            logprobs, logits = _logprobs(model, batch, losses, temperature)  # (B,T-1), (B,T-1,V)
             old = old_logprobs[i] if old_logprobs else logprobs.detach()  # on-policy: ratio 1
             # per-token loss summed over the batch and divided by the step's token count, so the
             # micro-batches add up to OpenRLHF's token-level mean over the whole step
@@ -915,9 +929,19 @@ def _update(
     }
 
 
-def _logprobs(model: Any, batch: _Batch, losses: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next-token log-probs of the batch's tokens, and the logits they came from."""
+def _logprobs(
+    model: Any, batch: _Batch, losses: Any, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next-token log-probs of the batch's tokens under the sampling temperature, and the logits.
+
+    The logits are divided by the rollout temperature before the log-softmax, as OpenRLHF's
+    `Actor.forward` does (0.11.2, models/actor.py): the loss then scores the distribution the
+    rollouts were sampled from, which is what the rollout log-probs are measured under. Greedy
+    sampling (temperature 0) scores the raw logits.
+    """
     logits = model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1].float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature  # (B, T-1, V)
     # (B, T-1, V) -> (B, T-1); OpenRLHF's pure-torch path (no flash_attn.ops here)
     logprobs = losses.log_probs_from_logits(logits, batch.ids[:, 1:])
     return logprobs, logits

@@ -63,6 +63,15 @@ class LeafAdvantage:
     advantages: np.ndarray
     """One advantage per turn, shape `(len(node_ids),)`."""
 
+    @property
+    def has_signal(self) -> bool:
+        """Whether any turn's advantage is non-zero, i.e. the leaf carries a policy gradient.
+
+        Both trainers train only on such leaves (docs/decisions.md, "One objective"); a group of
+        equal rewards gives exactly zero (see `_moments`), so the test is exact.
+        """
+        return bool(np.any(self.advantages != 0.0))
+
     def to_tokens(self, tree: RolloutTree) -> TokenAdvantages:
         """Spread the turn advantages over the leaf's action tokens.
 
@@ -95,24 +104,37 @@ class LeafAdvantage:
 
 
 def _moments(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per node: leaf count, mean and population std of the leaf rewards below it."""
+    """Per node: leaf count, mean and population std of the leaf rewards below it.
+
+    A node whose leaves all have the same reward (max == min, compared exactly) gets that
+    reward as its mean and a std of exactly 0: summing floats would leave a residue (three
+    leaves of 0.1 have a float mean of 0.10000000000000002), and every advantage built on it
+    would come out near, not at, zero.
+    """
     n = len(tree.nodes)
     count = np.zeros(n)
     total = np.zeros(n)
     square = np.zeros(n)
+    low = np.full(n, np.inf)
+    high = np.full(n, -np.inf)
     for node in reversed(tree.nodes):  # children have larger ids than their parent
         i = node.node_id
         if node.reward is not None:
             count[i] += 1
             total[i] += node.reward
             square[i] += node.reward**2
+            low[i] = min(low[i], node.reward)
+            high[i] = max(high[i], node.reward)
         if node.parent_id is not None:
             count[node.parent_id] += count[i]
             total[node.parent_id] += total[i]
             square[node.parent_id] += square[i]
+            low[node.parent_id] = min(low[node.parent_id], low[i])
+            high[node.parent_id] = max(high[node.parent_id], high[i])
     safe = np.maximum(count, 1)
-    mean = total / safe
-    std = np.sqrt(np.maximum(square / safe - mean**2, 0.0))
+    equal = (count > 0) & (low == high)
+    mean = np.where(equal, high, total / safe)
+    std = np.where(equal, 0.0, np.sqrt(np.maximum(square / safe - mean**2, 0.0)))
     return count, mean, std
 
 

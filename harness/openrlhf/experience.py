@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INFO_KEYS",
+    "actor_ranks",
     "batch_unit",
     "experience_from_tokens",
     "experiences_from_leaves",
@@ -192,14 +193,16 @@ def experiences_from_leaves(
 
 
 def pad_to_multiple(experiences: list[Experience], multiple: int) -> list[Experience]:
-    """Append zero-advantage copies until the count is a multiple of `multiple`.
+    """Append zero-weight copies until the count is a multiple of `multiple`.
 
     OpenRLHF splits a step's samples evenly over its data-parallel ranks and steps the optimizer
     every `--train.batch_size` samples; a tree step yields a variable number of leaves, so the
-    last window is filled with copies of leading leaves whose advantages (hence policy gradient)
-    are zero and whose `info["filler"]` is 1. They still count in the token-mean
-    normalisation of that step, so pick a leaf budget that is a multiple of the batch size to
-    need none.
+    last window is filled with copies of leading leaves whose action mask and advantages are
+    zero and whose `info["filler"]` is 1. OpenRLHF 0.11.2 normalises the loss by the action
+    tokens of the optimizer step (token mode) or by its sequences with at least one action token
+    (sample mode), both read from the action mask (`utils/loss_utils.py`), so a filler adds
+    nothing to the loss, its gradient or either normaliser: the step's update is the same with
+    or without fillers, as in the CPU trainer.
 
     Args:
         experiences: One-row experiences (not modified).
@@ -225,7 +228,14 @@ def pad_to_multiple(experiences: list[Experience], multiple: int) -> list[Experi
         out.append(
             dataclasses.replace(
                 source,
+                action_mask=torch.zeros_like(source.action_mask),
                 advantages=torch.zeros_like(source.advantages),
+                rollout_log_probs=(
+                    None
+                    if source.rollout_log_probs is None
+                    else torch.zeros_like(source.rollout_log_probs)
+                ),
+                response_length=torch.zeros_like(source.response_length),
                 info=dict(info),
             )
         )
@@ -260,10 +270,10 @@ def batch_unit(args: Any) -> int:
     >>> batch_unit(args)
     8
     """
-    ranks = (
-        args.actor.num_nodes
-        * args.actor.num_gpus_per_node
-        // args.ds.ring_attn_size
-        // args.ds.tensor_parallel_size
-    )
-    return math.lcm(args.train.batch_size, args.rollout.micro_batch_size * max(ranks, 1))
+    return math.lcm(args.train.batch_size, args.rollout.micro_batch_size * actor_ranks(args))
+
+
+def actor_ranks(args: Any) -> int:
+    """Data-parallel actor ranks: GPUs over the ring-attention and tensor-parallel groups."""
+    gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
+    return max(gpus // args.ds.ring_attn_size // args.ds.tensor_parallel_size, 1)

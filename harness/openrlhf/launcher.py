@@ -208,6 +208,16 @@ def check_openrlhf_args(args: Any) -> None:
         problems.append("--train.async_enable is not supported by the tree trainer (synchronous)")
     if args.data.max_images_per_prompt:
         problems.append("--data.max_images_per_prompt: the search environment is text-only")
+    from harness.openrlhf.experience import actor_ranks  # torch: only once flags are parsed
+
+    ranks = actor_ranks(args)
+    if args.train.batch_size % (args.rollout.micro_batch_size * ranks):
+        problems.append(
+            f"--train.batch_size {args.train.batch_size} must be a multiple of "
+            f"--rollout.micro_batch_size x actor ranks = {args.rollout.micro_batch_size} x "
+            f"{ranks}: then the zero-weight fillers that round a step's leaf count up never "
+            "make up a whole optimizer step (whose loss would divide by zero tokens)"
+        )
     if problems:
         raise HarnessError(
             "OpenRLHF flags the tree trainer cannot use:\n- " + "\n- ".join(problems)

@@ -13,8 +13,10 @@ step it:
    keeps for training;
 3. turns every leaf into an `Experience` with those advantages already in place
    (`harness.openrlhf.experience`), for `TreeExperienceMaker` to keep;
-4. pads the count to a multiple of the training batch (zero-advantage fillers), because OpenRLHF
-   splits a step's samples evenly over its data-parallel ranks.
+4. drops the leaves whose advantages are all zero and pads the count to a multiple of the
+   training batch with zero-weight fillers (action mask 0), because OpenRLHF splits a step's
+   samples evenly over its data-parallel ranks. Neither counts in OpenRLHF's loss normalisers,
+   so the objective is the CPU trainer's (docs/decisions.md, "One objective").
 
 The prompt dataset's label column (`--data.label_key`) holds each question's `QATask` JSON
 (`scripts/prepare_hotpotqa.py` writes it); the environment builds its own Search-R1 prompt from
@@ -56,12 +58,10 @@ from harness.openrlhf.experience import (  # noqa: E402
     pad_to_multiple,
     token_advantages_of_episode,
 )
-from harness.trainer import rollout_metrics  # noqa: E402  (one definition of the keys)
+from harness.trainer import make_predictor, rollout_metrics  # noqa: E402  (shared with CPU)
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import (  # noqa: E402
     BudgetLimit,
-    HashedNgramFeaturizer,
-    MLPPredictor,
     Spend,
     StepResult,
     calibration_report,
@@ -150,14 +150,7 @@ class TreeSamplesGenerator(SamplesGenerator):
             max_total_tokens=args.data.max_len,
             seed=config.seed,
         )
-        self.predictor = MLPPredictor(
-            HashedNgramFeaturizer(config.predictor.dim),
-            hidden=config.predictor.hidden,
-            lr=config.predictor.lr,
-            epochs=config.predictor.epochs,
-            prior=config.predictor.prior,
-            seed=config.seed,
-        )
+        self.predictor = make_predictor(config.predictor, seed=config.seed)
         per_step = (
             args.rollout.batch_size * args.rollout.n_samples_per_prompt
             if config.currency == "leaves"
@@ -303,7 +296,8 @@ class TreeSamplesGenerator(SamplesGenerator):
         rollout_s = time.perf_counter() - start
         predictor_metrics = self._update_predictor(result)
         kept = [result.trees[i] for i in result.train_indices]
-        leaves = tree_advantages(kept, self.config.advantage)
+        # leaves without signal carry no weight, as in the CPU trainer (docs/decisions.md)
+        leaves = [a for a in tree_advantages(kept, self.config.advantage) if a.has_signal]
         experiences = experiences_from_leaves(
             kept,
             leaves,

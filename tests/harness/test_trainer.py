@@ -142,6 +142,15 @@ def test_the_constant_predictor_is_the_predictor_off_ablation():
     assert other.predict(["x"]).tolist() == [0.3]
 
 
+def test_both_trainers_build_the_predictor_the_config_names():
+    from harness.trainer import ConstantPredictor, PredictorConfig, make_predictor
+    from trace_alloc import MLPPredictor
+
+    constant = make_predictor(PredictorConfig(kind="constant", prior=0.3), seed=0)
+    assert isinstance(constant, ConstantPredictor) and constant.p == 0.3
+    assert isinstance(make_predictor(PredictorConfig(), seed=0), MLPPredictor)
+
+
 def test_the_data_cursor_is_seeded_distinct_and_resumable():
     ids = tuple(f"q{i}" for i in range(10))
     a = DataCursor(ids, seed=1)
@@ -250,6 +259,49 @@ def test_an_update_raises_the_log_prob_of_positively_advantaged_actions_only():
     after = logp()
     assert after[0, 7] > before[0, 7]  # pushed up
     assert after[0, 8] < before[0, 8]  # pushed down
+
+
+@pytest.mark.parametrize("temperature", [0.6, 1.7])
+def test_the_loss_scores_log_probs_under_the_sampling_temperature(policy_dir, temperature):
+    # on-policy, the trainer's log-probs must be the sampler's: OpenRLHF's Actor divides the
+    # logits by the temperature; scoring raw logits left a gap of about 0.1-1 nat per token
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from harness.backends import SamplingParams, TransformersBackend
+    from harness.episodes import EpisodeCodec
+    from harness.openrlhf.compat import openrlhf_losses
+
+    class Capture:
+        def __init__(self, model):
+            self.model = model
+
+        def backward(self, loss, *, last):
+            loss.backward()
+
+        def step(self, lr):
+            return 0.0
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
+    prompt = EpisodeCodec(tokenizer).encode_prompt("Question: where was Ann born?")
+    sampling = SamplingParams(temperature=temperature, max_new_tokens=12, seed=3)
+    completion = TransformersBackend(model, tokenizer).generate([prompt], sampling)[0]
+    n = completion.n_tokens
+    leaf = _Leaf(
+        [*prompt, *completion.token_ids],
+        [0] * len(prompt) + [1] * n,
+        [0.0] * len(prompt) + [1.0] * n,
+    )
+    leaf.logprobs = np.asarray([0.0] * len(prompt) + list(completion.logprobs))
+    losses = openrlhf_losses()
+    config = small_config(
+        Path("x"), Path("p"), rollout=RolloutConfig(temperature=temperature, max_new_tokens=12)
+    )
+    metrics = _update(
+        Capture(model), None, losses.PolicyLoss(), losses, [leaf], config, pad_id=0, lr=1e-3
+    )
+    assert metrics["policy/n_train_tokens"] == n
+    assert metrics["policy/rollout_logprob_gap"] < 1e-4
 
 
 def test_no_contrast_means_no_update():

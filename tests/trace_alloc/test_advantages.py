@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 from test_tree import hand_tree, trees
 
 from trace_alloc import UnknownNameError
@@ -68,6 +69,36 @@ def test_a_tree_without_contrast_has_zero_advantages(tree):
     for mode in ("grpo", "tree_grpo", "treerl"):
         for adv in tree_advantages([tree], mode):
             assert np.allclose(adv.advantages, 0.0)
+
+
+@given(tree=trees(rich=False), reward=st.sampled_from([0.1, 0.3, 0.7, 1 / 3]))
+def test_equal_rewards_give_exactly_zero_advantages(tree, reward):
+    # three leaves of 0.1 used to give about -1e-11 (a float mean of 0.10000000000000002), so
+    # "no signal" leaves slipped through the trainers' `!= 0` filter
+    for node in tree.nodes:
+        if node.reward is not None:
+            node.reward = reward
+    for mode in ("grpo", "tree_grpo", "treerl"):
+        for adv in tree_advantages([tree], mode):
+            assert np.all(adv.advantages == 0.0)
+            assert not adv.has_signal
+
+
+def test_three_leaves_of_a_tenth_carry_no_signal():
+    from trace_alloc.tree import Prompt, Rollout, RolloutTree, Turn
+
+    tree = RolloutTree.from_prompt(Prompt(prompt_id="q", text="Q"))
+    turn = Turn(action_text="a", action_token_ids=(1,))
+    for _ in range(3):
+        tree.add_rollout(0, Rollout(turns=(turn,), reward=0.1))
+    for mode in ("grpo", "tree_grpo", "treerl"):
+        advantages = tree_advantages([tree], mode)
+        assert [a.advantages.tolist() for a in advantages] == [[0.0]] * 3
+        assert not any(a.has_signal for a in advantages)
+
+
+def test_a_mixed_tree_has_signal():
+    assert all(a.has_signal for a in tree_advantages([hand_tree()], "grpo"))
 
 
 @given(tree=trees(rich=False))

@@ -72,12 +72,14 @@ def test_unusable_settings_are_all_named_in_one_error():
             *BASE,
             *("--algo.advantage.estimator", "gae", "--algo.dynamic_filtering_enable"),
             *("--reward.overlong_buffer_len", "64", "--train.async_enable"),
+            *("--train.batch_size", "12", "--rollout.micro_batch_size", "8"),
         ]
     )
     with pytest.raises(HarnessError) as exc:
         check_openrlhf_args(args)
     message = str(exc.value)
-    for flag in ("gae", "dynamic_filtering_enable", "overlong_buffer_len", "async_enable"):
+    flags = ("gae", "dynamic_filtering_enable", "overlong_buffer_len", "async_enable")
+    for flag in (*flags, "--train.batch_size 12 must be a multiple"):
         assert flag in message
 
 

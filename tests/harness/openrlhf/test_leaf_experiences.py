@@ -118,6 +118,7 @@ def test_padding_adds_zero_advantage_fillers_to_a_multiple():
     filler = padded[3]
     assert torch.equal(filler.sequences, exps[0].sequences)
     assert torch.count_nonzero(filler.advantages) == 0
+    assert torch.count_nonzero(filler.action_mask) == 0  # weightless, not just zero-advantage
     assert filler.info["filler"].tolist() == [1.0]
     assert exps[0].info["filler"].tolist() == [0.0]  # the source is untouched
     assert torch.count_nonzero(exps[0].advantages) > 0
@@ -125,6 +126,37 @@ def test_padding_adds_zero_advantage_fillers_to_a_multiple():
     assert pad_to_multiple([], 8) == []
     with pytest.raises(ValueError):
         pad_to_multiple(exps, 0)
+
+
+def _step_loss_and_grads(experiences, token_level_loss):
+    """OpenRLHF 0.11.2's loss of one optimizer step over these experiences, and its gradients,
+    with its own normalisers (`_optimizer_step_loss_norm`, the non-dynamic path)."""
+    from openrlhf.models.loss import PolicyLoss
+    from openrlhf.utils.loss_utils import _optimizer_step_loss_norm
+
+    norm = _optimizer_step_loss_norm([e.action_mask for e in experiences], None, 1, 1)
+    loss_fn = PolicyLoss(token_level_loss=token_level_loss)
+    total, grads = 0.0, []
+    for e in experiences:
+        logp = torch.full(e.advantages.shape, -1.0, requires_grad=True)  # (1, T - 1)
+        loss, *_ = loss_fn(logp, torch.full_like(logp, -1.1), e.advantages, e.action_mask, **norm)
+        loss.backward()
+        total += loss.item()
+        grads.append(logp.grad)
+    return total, grads
+
+
+@pytest.mark.parametrize("token_level_loss", [True, False])
+def test_fillers_change_neither_the_loss_nor_the_gradient_of_a_step(token_level_loss):
+    # the step size must not depend on how many fillers (or, upstream, how many zero-advantage
+    # leaves) a step has: the allocators differ exactly in that share
+    _, exps = convert([small_tree()])
+    plain, plain_grads = _step_loss_and_grads(exps, token_level_loss)
+    padded, padded_grads = _step_loss_and_grads(pad_to_multiple(exps, 8), token_level_loss)
+    assert padded == pytest.approx(plain, rel=1e-6)
+    for a, b in zip(plain_grads, padded_grads, strict=False):
+        torch.testing.assert_close(a, b)
+    assert all(torch.count_nonzero(g) == 0 for g in padded_grads[len(exps) :])
 
 
 def test_mismatched_prompts_are_refused():
