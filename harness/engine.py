@@ -97,6 +97,8 @@ class TreeRolloutEngine:
         max_total_tokens: An episode whose stream plus one more action would exceed this ends
             unanswered (the model's context); None for no limit.
         seed: Seeds the engine's generator (the per-turn sampling seeds).
+        batch_tool_calls: Send all searches of a turn of the wave to the retriever in one
+            batched call (`harness.episodes.prefetch_searches`); False: one call per episode.
 
     Example:
         >>> engine = TreeRolloutEngine(backend, env, codec, sampling=sampling)  # doctest: +SKIP
@@ -113,6 +115,7 @@ class TreeRolloutEngine:
         sampling: SamplingParams,
         max_total_tokens: int | None = None,
         seed: int = 0,
+        batch_tool_calls: bool = True,
     ) -> None:
         if max_total_tokens is not None and max_total_tokens <= sampling.max_new_tokens:
             raise ValueError(
@@ -124,6 +127,7 @@ class TreeRolloutEngine:
         self.codec = codec
         self.sampling = sampling
         self.max_total_tokens = max_total_tokens
+        self.batch_tool_calls = batch_tool_calls
         self.rng = np.random.default_rng(seed)
         self._store: dict[str, LiveEpisode] = {}
         self._n_parked = 0
@@ -239,6 +243,7 @@ class TreeRolloutEngine:
                 self.codec,
                 sampling,
                 max_total_tokens=self.max_total_tokens,
+                batch_tool_calls=self.batch_tool_calls,
             )
             n_calls += 1
             for (episode, base), ids in zip(runs, snapshot_ids, strict=True):
@@ -362,8 +367,10 @@ def _rollout(episode: LiveEpisode, base: int, snapshot_ids: list[str | None]) ->
 
 
 def _end_reason(last: PlayedTurn) -> str:
-    """How an episode ended: an answer, the env's turn limit, or the model's context."""
+    """How an episode ended: an answer, the env's turn limit, the model's context, or a fault."""
     info = last.info
+    if info.get("failed"):
+        return "failed"  # a retrieval that failed after its retries (harness.episodes.advance)
     if "answer" in info:
         return "answer"
     if int(info.get("turn_idx", 0)) >= int(info.get("max_turns", 1 << 30)):

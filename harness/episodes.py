@@ -26,8 +26,11 @@ from typing import TYPE_CHECKING, Any
 import gymnasium as gym
 from tqdm.auto import tqdm
 
+from envs import RetrievalFailedError, SearchQAEnv
 from envs import fork as fork_env
+from envs.protocol import parse_action
 from harness.backends.base import Completion, PolicyBackend, SamplingParams
+from retrieval.cache import CachedRetriever
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,6 +43,7 @@ __all__ = [
     "PolicyEval",
     "advance",
     "evaluate_policy",
+    "prefetch_searches",
     "question_kind",
     "run_episodes",
     "start_episodes",
@@ -94,6 +98,8 @@ class Episode:
         answered: Whether it ended with an answer (rather than a turn or length limit).
         n_turns: Actions taken.
         n_tool_calls: Searches made.
+        failed: Why the episode was cut by a fault ("retrieval": the retriever failed after
+            its retries), or "" for an episode that ran its course.
     """
 
     task_id: str
@@ -106,6 +112,7 @@ class Episode:
     answered: bool
     n_turns: int
     n_tool_calls: int
+    failed: str = ""
 
     @property
     def n_generated_tokens(self) -> int:
@@ -177,6 +184,7 @@ class LiveEpisode:
             answered="answer" in self.info,
             n_turns=int(self.info.get("turn_idx", len(self.turn_starts))),
             n_tool_calls=int(self.info.get("n_tool_calls", 0)),
+            failed=str(self.info.get("failed", "")),
         )
 
 
@@ -208,6 +216,45 @@ def start_episodes(
     return episodes
 
 
+def prefetch_searches(envs: Sequence[gym.Env[str, str]], actions: Sequence[str]) -> int:
+    """Send every search among `actions` to its env's retriever in one batched call.
+
+    The envs then find the results in their retriever's cache when they step, so a turn of N
+    searching episodes costs one retrieval request instead of N (Search-R1 batches a turn's
+    queries the same way), and a remote server's micro-batcher sees them together. Only
+    retrievers wrapped in a `CachedRetriever` (what `make_retriever` builds) can keep the
+    results; others are left to the envs. A failure here is not an error: each env then asks
+    on its own, and only the episodes whose own request fails end (see `advance`).
+
+    Args:
+        envs: The episodes' envs (any wrapper stack over a `SearchQAEnv`), in step order.
+        actions: The action each env is about to take.
+
+    Returns:
+        Queries sent in batched calls (distinct per retriever).
+    """
+    groups: dict[tuple[int, int], tuple[CachedRetriever, list[str]]] = {}
+    for env, action in zip(envs, actions, strict=True):
+        base = env.unwrapped
+        parsed = parse_action(action)
+        if not isinstance(base, SearchQAEnv) or parsed.kind != "search":
+            continue
+        retriever = base.retriever
+        if isinstance(retriever, CachedRetriever):
+            key = (id(retriever), base.config.top_k)
+            groups.setdefault(key, (retriever, []))[1].append(parsed.content)
+    n_sent = 0
+    for (_, k), (retriever, queries) in groups.items():
+        distinct = list(dict.fromkeys(queries))
+        try:
+            retriever.search(distinct, k)
+        except Exception as err:  # the envs retry one by one; only their own failures count
+            log.warning("a batch of %d queries failed (%r); per episode", len(distinct), err)
+            continue
+        n_sent += len(distinct)
+    return n_sent
+
+
 def advance(
     backend: PolicyBackend,
     episodes: Sequence[LiveEpisode],
@@ -215,11 +262,14 @@ def advance(
     sampling: SamplingParams,
     *,
     max_total_tokens: int | None = None,
+    batch_tool_calls: bool = True,
 ) -> int:
     """Play one turn of every live episode: one batched `generate`, then one env step each.
 
     The action's token ids are appended as generated; the observation is encoded and appended
-    unless the step ended the episode.
+    unless the step ended the episode. A retrieval that still fails after the retriever's own
+    retries ends that episode only: it is marked `info["failed"] = "retrieval"`, gets no reward
+    for the turn, and the others go on (a fault ends an episode, not the job).
 
     Args:
         backend: The policy.
@@ -229,6 +279,8 @@ def advance(
         max_total_tokens: An episode that would not fit this many tokens after its next
             observation and one more action of `sampling.max_new_tokens` ends unanswered,
             without that observation (and one whose prompt alone is too long never starts).
+        batch_tool_calls: Send the turn's searches in one batched retrieval call first
+            (`prefetch_searches`); False makes one request per searching episode.
 
     Returns:
         Tokens generated in this turn.
@@ -242,6 +294,8 @@ def advance(
     if not live:
         return 0
     completions = backend.generate([e.token_ids for e in live], sampling)
+    if batch_tool_calls:
+        prefetch_searches([e.env for e in live], [c.text for c in completions])
     n_generated = 0
     for e, completion in zip(live, completions, strict=True):
         n = completion.n_tokens
@@ -250,7 +304,12 @@ def advance(
         e.token_ids.extend(completion.token_ids)
         e.action_mask.extend([True] * n)
         e.logprobs.extend(completion.logprobs or [0.0] * n)
-        observation, reward, terminated, truncated, info = e.env.step(completion.text)
+        try:
+            observation, reward, terminated, truncated, info = e.env.step(completion.text)
+        except RetrievalFailedError as err:
+            log.warning("episode of task %r ends as failed: %s", e.task_id, err)
+            observation, reward, terminated, truncated = "", 0.0, False, True
+            info = {**e.info, "failed": "retrieval", "valid_action": True}
         e.reward += float(reward)
         e.info = info
         obs_ids = [] if terminated or truncated else codec.encode_text(observation)

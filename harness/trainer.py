@@ -49,6 +49,7 @@ from harness.optimizers import make_optimizer
 from harness.tiny_policy.config import EnvSettings, default_world_config
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE, is_hard
 from retrieval.bm25 import BM25Retriever
+from retrieval.cache import CachedRetriever
 from trace_alloc import (
     ALLOCATORS,
     AllocatorName,
@@ -481,7 +482,7 @@ def rollout_metrics(result: StepResult) -> dict[str, float]:
     """
     stats = result.stats
     rewards, ems, lengths, searches, turns = [], [], [], [], []
-    n_actions = n_valid = 0
+    n_actions = n_valid = n_failed = 0
     for tree in result.trees:
         for node in tree.nodes[1:]:  # every generated turn once
             n_actions += 1
@@ -493,6 +494,7 @@ def rollout_metrics(result: StepResult) -> dict[str, float]:
             lengths.append(sum(t.n_tokens for t in path))
             searches.append(sum(t.n_tool_calls for t in path))
             turns.append(len(path))
+            n_failed += path[-1].info.get("end") == "failed"
     mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
     return {
         "rollout/reward": mean(rewards),
@@ -509,6 +511,7 @@ def rollout_metrics(result: StepResult) -> dict[str, float]:
         "rollout/searches_per_episode": mean(searches),
         "rollout/valid_action_rate": n_valid / n_actions if n_actions else float("nan"),
         "rollout/waves": len(result.waves),
+        "rollout/failed_episodes": n_failed,
     }
 
 
@@ -607,7 +610,8 @@ def train(config: TrainConfig) -> TrainSummary:
             f"no questions to train or evaluate on ({len(train_tasks)} train, {len(eval_tasks)} "
             f"eval) with --task.questions {config.task.questions}"
         )
-    retriever = BM25Retriever.build(world.documents)
+    # cached: the engine sends each turn's searches in one batched call through the cache
+    retriever = CachedRetriever(BM25Retriever.build(world.documents))
     env = config.task.env.make_env(train_tasks, retriever)
     codec = EpisodeCodec(tokenizer)
     backend = TransformersBackend(model, tokenizer)

@@ -156,10 +156,18 @@ class FixedPredictor:
         pass
 
 
-def make_engine(p_wrong: float = 0.4, *, max_total_tokens: int | None = None, seed: int = 0):
+def make_engine(
+    p_wrong: float = 0.4,
+    *,
+    max_total_tokens: int | None = None,
+    seed: int = 0,
+    retriever=None,
+    batch_tool_calls: bool = True,
+):
     tokenizer = CharTokenizer()
     policy = ScriptedPolicy(tokenizer, p_wrong)
-    env = SearchQAEnv(TASKS, WordRetriever(DOCS), max_turns=4, top_k=1, prompt_template=TEMPLATE)
+    retriever = WordRetriever(DOCS) if retriever is None else retriever
+    env = SearchQAEnv(TASKS, retriever, max_turns=4, top_k=1, prompt_template=TEMPLATE)
     engine = TreeRolloutEngine(
         policy,
         env,
@@ -167,6 +175,7 @@ def make_engine(p_wrong: float = 0.4, *, max_total_tokens: int | None = None, se
         sampling=SamplingParams(max_new_tokens=40),
         max_total_tokens=max_total_tokens,
         seed=seed,
+        batch_tool_calls=batch_tool_calls,
     )
     return engine, policy, tokenizer
 
@@ -382,6 +391,77 @@ def test_same_seed_same_trees():
         return [t.to_json() for t in result.trees]
 
     assert run() == run()
+
+
+# --- batched tool calls and faults -------------------------------------------------------------
+
+
+class CountingRetriever(WordRetriever):
+    """Records the query lists it is called with; fails on queries holding `fail_on`."""
+
+    def __init__(self, documents, fail_on: str | None = None) -> None:
+        super().__init__(documents)
+        self.calls: list[list[str]] = []
+        self.fail_on = fail_on
+
+    def search(self, queries, k):
+        self.calls.append(list(queries))
+        if self.fail_on is not None and any(self.fail_on in q for q in queries):
+            from retrieval.errors import RetrievalError
+
+            raise RetrievalError("the server is gone (after its retries)")
+        return super().search(queries, k)
+
+
+def _trace_step(engine, per_step: int = 18):
+    return engine.run_step(
+        make_allocator("trace", continuations_per_rollout=2, explore_frac=0.0),
+        ["acme", "bolt", "hard"],
+        budget=BudgetLimit(currency="leaves", per_step=per_step),
+        rng=np.random.default_rng(0),
+        predictor=FixedPredictor(),
+    )
+
+
+def test_a_turns_searches_go_in_one_batched_call_and_change_no_tree():
+    from retrieval.cache import CachedRetriever
+
+    inner = CountingRetriever(DOCS)
+    batched, policy, _ = make_engine(seed=3, retriever=CachedRetriever(inner))
+    result = _trace_step(batched)
+    serial_inner = CountingRetriever(DOCS)
+    serial, _, _ = make_engine(
+        seed=3, retriever=CachedRetriever(serial_inner), batch_tool_calls=False
+    )
+    reference = _trace_step(serial)
+    # the fork law and the exact budget hold either way: the same trees, the same spend
+    assert [t.to_json() for t in result.trees] == [t.to_json() for t in reference.trees]
+    assert result.spent == reference.spent and result.spent.n_leaves == 18
+    # one retrieval request per generate call that had searches, however many episodes searched
+    assert len(inner.calls) <= len(policy.calls) < len(serial_inner.calls)
+    assert max(len(c) for c in inner.calls) > 1
+    assert all(len(c) == 1 for c in serial_inner.calls)
+
+
+def test_a_retrieval_failure_ends_that_episode_as_failed_and_the_step_goes_on():
+    from harness.trainer import rollout_metrics
+    from retrieval.cache import CachedRetriever
+
+    # every search for Bolt fails, batched or alone: those episodes fail, the others finish
+    retriever = CachedRetriever(CountingRetriever(DOCS, fail_on="bolt"))
+    engine, _, _ = make_engine(p_wrong=0.0, seed=3, retriever=retriever)
+    result = _trace_step(engine)
+    assert result.spent.n_leaves == 18  # the budget is still spent exactly
+    by_prompt = {t.prompt_id: t for t in result.trees}
+    ends = {
+        pid: {t.nodes[leaf].turn.info["end"] for leaf in t.leaves()}
+        for pid, t in by_prompt.items()
+        if t.n_leaves
+    }
+    assert ends["bolt"] == {"failed"}
+    assert "failed" not in ends["acme"]
+    assert all(by_prompt["bolt"].nodes[leaf].reward == 0.0 for leaf in by_prompt["bolt"].leaves())
+    assert rollout_metrics(result)["rollout/failed_episodes"] == by_prompt["bolt"].n_leaves > 0
 
 
 # --- the tiny random transformer ----------------------------------------------------------------
