@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from retrieval.base import Hit
+from retrieval.base import Hit, normalize_query
 
 __all__ = [
     "CHARSET",
@@ -54,7 +54,11 @@ MAX_TEXT_CHARS = 1 << 16
 """`max_length` of the env's text spaces: every prompt and observation fits in it."""
 
 MAX_CONTENT_CHARS = 2_000
-"""A query or an answer longer than this is an invalid action (it bounds retrieval time)."""
+"""An answer, or a query once normalised, longer than this is an invalid action (it bounds
+retrieval time and stays under every server's query limit; `ServerLimits` allows 4,096)."""
+
+_MAX_RAW_QUERY_CHARS = MAX_TEXT_CHARS
+"""A search's raw content over this is invalid before it is normalised (bounds the work)."""
 
 # Printable ASCII plus the Latin, IPA, Greek and Cyrillic blocks, general punctuation, currency,
 # letterlike symbols, arrows and maths operators: what English Wikipedia-derived QA corpora
@@ -141,12 +145,15 @@ class ParsedAction:
         reason: why the action is invalid ("" when valid).
         end: the index just past the closing tag in the input (the input's length when no
             closing tag was found): the part of the text that the action consumed.
+        query: for a search, `normalize_query(content)`: what the retriever is sent and the
+            key of the episode's result cache ("" otherwise).
     """
 
     kind: ActionKind
     content: str
     reason: str
     end: int
+    query: str = ""
 
 
 def parse_action(text: str) -> ParsedAction:
@@ -154,10 +161,12 @@ def parse_action(text: str) -> ParsedAction:
 
     The content is the text between the closing tag and the last matching opening tag before
     it. An action is invalid when it has no closing tag, no matching opening tag, an empty
-    content, a content holding another protocol tag, or a content over `MAX_CONTENT_CHARS`.
+    content, a content holding another protocol tag, an answer over `MAX_CONTENT_CHARS`, or
+    a search whose query is over `MAX_CONTENT_CHARS` or empty once normalised (the query is
+    normalised here, once, before its length is checked: the one rule for every retriever).
 
-    >>> parse_action("<think>hm</think> <search> Acme founder </search> junk")
-    ParsedAction(kind='search', content='Acme founder', reason='', end=49)
+    >>> parse_action("<think>hm</think> <search> Acme  Founder </search> junk")
+    ParsedAction(kind='search', content='Acme  Founder', reason='', end=50, query='acme founder')
     >>> parse_action("<answer> Paris </answer><search>x</search>").content
     'Paris'
     >>> parse_action("I think it is Paris.").reason
@@ -178,13 +187,24 @@ def parse_action(text: str) -> ParsedAction:
     content = text[start + len(opener) : best_at].strip()
     if not content:
         return ParsedAction("invalid", "", f"empty {best_kind}", end)
-    if len(content) > MAX_CONTENT_CHARS:
-        reason = f"{best_kind} of {len(content)} characters (at most {MAX_CONTENT_CHARS})"
+    if best_kind == "answer" and len(content) > MAX_CONTENT_CHARS:
+        reason = f"answer of {len(content)} characters (at most {MAX_CONTENT_CHARS})"
+        return ParsedAction("invalid", "", reason, end)
+    if best_kind == "search" and len(content) > _MAX_RAW_QUERY_CHARS:
+        reason = f"search of {len(content)} characters (at most {MAX_CONTENT_CHARS} normalised)"
         return ParsedAction("invalid", "", reason, end)
     for tag in _PROTOCOL_TAGS:
         if tag in content:
             return ParsedAction("invalid", "", f"{best_kind} contains the tag {tag}", end)
-    return ParsedAction(best_kind, content, "", end)
+    if best_kind == "answer":
+        return ParsedAction("answer", content, "", end)
+    query = normalize_query(content)
+    if not query:
+        return ParsedAction("invalid", "", "empty search once normalised", end)
+    if len(query) > MAX_CONTENT_CHARS:
+        reason = f"search of {len(query)} characters once normalised (at most {MAX_CONTENT_CHARS})"
+        return ParsedAction("invalid", "", reason, end)
+    return ParsedAction("search", content, "", end, query)
 
 
 def invalid_action_message(reason: str | None) -> str:

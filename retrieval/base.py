@@ -11,6 +11,8 @@ line, where `contents` is `"Title"\\ntext` (the title in double quotes on the fi
 from __future__ import annotations
 
 import operator
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -26,6 +28,7 @@ __all__ = [
     "check_k",
     "check_queries",
     "format_contents",
+    "normalize_query",
     "parse_contents",
 ]
 
@@ -157,12 +160,40 @@ class Encoder(Protocol):
         ...
 
 
+_WHITESPACE = re.compile(r"\s+")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def normalize_query(query: str) -> str:
+    """The canonical form of a query: its cache key, and what every retriever is sent.
+
+    Every surrogate code point becomes U+FFFD (a lone surrogate is not text: UTF-8 cannot
+    encode it, so no server could receive it), then Unicode NFKC (full-width letters and
+    ligatures fold to plain ones), then lowercase, then every run of whitespace becomes one
+    space, then leading and trailing spaces go. Punctuation is kept: it can matter to a
+    retriever. NFKC can lengthen a text (U+FDFA becomes 18 characters), so a length limit
+    applies to the result, never to the input (`envs.protocol.parse_action` does that).
+
+    >>> normalize_query("  Who  FOUNDED\\tＡcme?\\n")
+    'who founded acme?'
+    >>> normalize_query("a\\ud800b")
+    'a\\ufffdb'
+    """
+    text = _SURROGATE.sub("\ufffd", query)
+    return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
+
+
 def check_queries(queries: Sequence[str]) -> list[str]:
     """Validate a batch of queries; return it as a list.
+
+    Every retriever, local or remote, applies this same rule, so they refuse the same inputs.
 
     Raises:
         TypeError: `queries` is a bare string (a common slip: it is a Sequence of characters),
             or holds a non-string.
+        ValueError: a query holds a surrogate code point, which is not text (UTF-8 cannot
+            encode it, so a server could never receive it); `retrieval.normalize_query`
+            replaces them.
     """
     if isinstance(queries, str):
         raise TypeError("queries must be a sequence of strings, not one string; wrap it: [query]")
@@ -170,6 +201,12 @@ def check_queries(queries: Sequence[str]) -> list[str]:
     for i, query in enumerate(out):
         if not isinstance(query, str):
             raise TypeError(f"queries[{i}] is a {type(query).__name__}, expected str")
+        found = _SURROGATE.search(query)
+        if found:
+            raise ValueError(
+                f"queries[{i}] holds the lone surrogate U+{ord(found.group()):04X} at "
+                f"{found.start()}, which is not text; normalize_query() replaces it"
+            )
     return out
 
 

@@ -10,34 +10,17 @@ repeated work across episodes, forks and threads.
 from __future__ import annotations
 
 import logging
-import re
 import threading
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from retrieval.base import Hit, Retriever, check_k, check_queries
+from retrieval.base import Hit, Retriever, check_k, check_queries, normalize_query
 from retrieval.errors import RetrievalError
 
 __all__ = ["CacheStats", "CachedRetriever", "normalize_query"]
 
 log = logging.getLogger(__name__)
-
-_WHITESPACE = re.compile(r"\s+")
-
-
-def normalize_query(query: str) -> str:
-    """The canonical form of a query, used as its cache key.
-
-    Unicode NFKC (so full-width letters and ligatures fold to plain ones), then lowercase,
-    then every run of whitespace becomes one space, then leading and trailing spaces go.
-    Punctuation is kept: it can matter to a retriever.
-
-    >>> normalize_query("  Who  FOUNDED\\tＡcme?\\n")
-    'who founded acme?'
-    """
-    return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", query).lower()).strip()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +63,9 @@ class CachedRetriever:
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries must be positive or None, got {max_entries}")
         self._inner = inner
-        self._index_id = inner.index_id
+        # asked for on first use, not here: a server that is down at construction may be up
+        # by the first search, and `make_retriever(url)` must not fail before then
+        self._index_id: str | None = None
         self._max_entries = max_entries
         self._entries: OrderedDict[tuple[str, int], tuple[Hit, ...]] = OrderedDict()
         self._lock = threading.Lock()
@@ -89,7 +74,17 @@ class CachedRetriever:
 
     @property
     def index_id(self) -> str:
-        """The inner retriever's index id."""
+        """The inner retriever's index id (asked for once, on first use).
+
+        Raises:
+            RetrievalError: whatever the inner retriever's `index_id` raises (a remote one
+                raises `RetrieverUnavailable` while its server is down); it is asked again
+                next time.
+        """
+        if self._index_id is None:
+            index_id = self._inner.index_id
+            with self._lock:
+                self._index_id = index_id
         return self._index_id
 
     @property

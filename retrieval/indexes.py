@@ -73,8 +73,9 @@ def make_retriever(spec: str | Path, *, cache: bool = True) -> Retriever:
     Raises:
         IndexFormatError: `spec` is neither a URL nor an index directory.
         IndexMismatchError: the index's files disagree with its manifest.
-        RetrieverUnavailable: a URL's server does not answer (the index id is asked for at
-            once when caching).
+
+    A URL's server is not contacted here: the index id is asked for on first use, so a
+    retriever can be made before its server is up.
     """
     text = str(spec)
     if text.startswith(("http://", "https://")):

@@ -49,7 +49,8 @@ def parse_request(body: bytes, limits: ServerLimits) -> RetrieveRequest:
 
     Raises:
         InvalidRequest: with status 413 for a body over `max_body_bytes`, else 422: not UTF-8,
-            not JSON, not an object, wrong field types, no queries, an empty or blank query,
+            not JSON (or nested too deeply, or holding an integer too long to parse), not an
+            object, wrong field types, no queries, an empty or blank query,
             an unpaired surrogate, or a count, length or topk over its limit. The message
             names the field and the limit.
 
@@ -66,6 +67,10 @@ def parse_request(body: bytes, limits: ServerLimits) -> RetrieveRequest:
         payload = json.loads(text)
     except json.JSONDecodeError as err:
         raise InvalidRequest(422, f"body is not valid JSON: {err.msg} at char {err.pos}") from None
+    except RecursionError:  # the decoder recurses per nesting level; ~1,000 '[' exhaust it
+        raise InvalidRequest(422, "body is JSON nested too deeply") from None
+    except ValueError as err:  # an integer of over 4,300 digits (Python's int-parsing limit)
+        raise InvalidRequest(422, f"body is not acceptable JSON: {err}") from None
     if not isinstance(payload, dict):
         raise InvalidRequest(422, 'body must be a JSON object {"queries": [str], "topk": int}')
     queries = payload.get("queries")

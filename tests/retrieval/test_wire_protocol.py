@@ -54,6 +54,8 @@ def test_a_search_r1_request_parses():
         (_body({"queries": ["a"], "topk": 101}), 422, "between 1 and 100"),
         (_body({"queries": ["a"], "return_scores": "yes"}), 422, '"return_scores" is a string'),
         (b'{"queries": ["\\ud800"]}', 422, "unpaired surrogate"),
+        (b"[" * 2048, 422, "nested too deeply"),  # was a RecursionError, a 500
+        (b'{"queries": ["a"], "topk": ' + b"1" * 5000 + b"}", 422, "4300 digits"),
         (_body({"queries": ["a" * 300_000]}), 413, "exceeds 200000"),
     ],
 )
