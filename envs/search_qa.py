@@ -20,7 +20,7 @@ import copy
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Self, SupportsFloat
 
 import gymnasium as gym
@@ -38,6 +38,7 @@ from envs.errors import (
 from envs.protocol import (
     CHARSET,
     DEFAULT_PROMPT_TEMPLATE,
+    MAX_CONTENT_CHARS,
     MAX_TEXT_CHARS,
     PROTOCOLS,
     ActionKind,
@@ -50,10 +51,15 @@ from envs.protocol import (
     parse_action_search_r1,
 )
 from envs.rewards import RewardKind, format_reward, reward_for_answer, score_answer
-from envs.snapshot import SCHEMA_VERSION, EnvSnapshot, TurnRecord
+from envs.snapshot import (
+    SCHEMA_VERSION,
+    EnvSnapshot,
+    TurnRecord,
+    check_hits,
+    check_snapshot_schema,
+)
 from envs.tasks import QATask, TaskSet
 from retrieval.base import Hit, Retriever
-from retrieval.cache import normalize_query
 
 __all__ = ["SearchQAConfig", "SearchQAEnv"]
 
@@ -143,7 +149,7 @@ class _Turn:
     kind: ActionKind
     content: str
     hits: tuple[Hit, ...]
-    query_key: str  # normalize_query(content) for a search, "" otherwise
+    query_key: str  # ParsedAction.query for a search, "" otherwise
     parent: _Turn | None
 
 
@@ -368,6 +374,7 @@ class SearchQAEnv(gym.Env[str, str]):
                 f"task_id {task_id!r} is not in this env's task set of {len(tasks)} tasks "
                 f"(first ids: {list(tasks.ids[:3])})"
             )
+        index_id = self._index_id()  # may need a server: ask before anything changes
         super().reset(seed=seed)  # only once the options are known to be good
         if seed is not None:
             self._rng_pending = None
@@ -386,7 +393,7 @@ class SearchQAEnv(gym.Env[str, str]):
             )
         self._episode = _Episode(
             task=task,
-            index_id=self._shared.retriever.index_id,
+            index_id=index_id,
             last=None,
             n_turns=0,
             n_tool_calls=0,
@@ -428,7 +435,7 @@ class SearchQAEnv(gym.Env[str, str]):
         extra: dict[str, Any] = {}
         n_tool_calls, n_invalid, doc_ids = ep.n_tool_calls, ep.n_invalid, ep.retrieved_doc_ids
         if parsed.kind == "search":
-            key = normalize_query(parsed.content)
+            key = parsed.query  # normalised and bounded once, by parse_action
             hits = _cached_hits(ep.last, key)
             if hits is None:
                 hits = self._search(key) if key else ()  # search-r1 allows an empty query
@@ -480,22 +487,32 @@ class SearchQAEnv(gym.Env[str, str]):
         k = self._shared.config.top_k
         try:
             results = self._shared.retriever.search([query], k)
-        except Exception as err:  # any retriever failure becomes one typed, retryable error
+        except Exception as err:  # any retriever failure becomes one typed error
             raise RetrievalFailedError(
                 f"the retriever failed on query {query[:200]!r} (k={k}): {err!r}. The env is "
-                "unchanged; retry the step once the retriever is back"
+                f"unchanged; {_advice(err)}"
             ) from err
-        if (
-            not isinstance(results, list)
-            or len(results) != 1
-            or len(results[0]) > k
-            or not all(isinstance(hit, Hit) for hit in results[0])
-        ):
+        try:
+            if not isinstance(results, list) or len(results) != 1:
+                raise ValueError(f"{type(results).__name__} is not a list of one result list")
+            # an observation shows at most max_doc_chars (< MAX_TEXT_CHARS) of a text, so the
+            # cut changes no observation and keeps every snapshot within restore's limits
+            return check_hits([_cut(hit) for hit in results[0]], top_k=k)
+        except (TypeError, ValueError) as err:
             raise RetrievalFailedError(
                 f"the retriever broke its contract on query {query[:200]!r}: expected one list "
-                f"of at most {k} Hit objects, got {results!r:.300}"
-            )
-        return tuple(results[0])
+                f"of at most {k} Hit objects ({err}), got {results!r:.300}"
+            ) from None
+
+    def _index_id(self) -> str:
+        """The retriever's index id; a remote retriever's failure becomes a typed error."""
+        try:
+            return self._shared.retriever.index_id
+        except Exception as err:  # e.g. RetrieverUnavailable before /health ever answered
+            raise RetrievalFailedError(
+                f"the retriever cannot tell its index id: {err!r}. The env is unchanged; "
+                f"{_advice(err)}"
+            ) from err
 
     def _info(self, ep: _Episode, *, kind: ActionKind | None, valid: bool) -> dict[str, Any]:
         task = ep.task
@@ -554,7 +571,7 @@ class SearchQAEnv(gym.Env[str, str]):
             max_doc_chars=config.max_doc_chars,
             prompt_sha256=config.prompt_sha256,
             task_id=None if ep is None else ep.task.task_id,
-            index_id=self._shared.retriever.index_id if ep is None else ep.index_id,
+            index_id=self._index_id() if ep is None else ep.index_id,
             turns=self.history,
             rng_state=json.dumps(self._rng_state()),
         )
@@ -576,6 +593,7 @@ class SearchQAEnv(gym.Env[str, str]):
                 "(restore a wrapper chain with envs.restore(env, snap))",
                 field="kind",
             )
+        check_snapshot_schema(snap)  # types and sizes first: what follows may rely on them
         if snap.schema_version != SCHEMA_VERSION:
             raise SnapshotError(
                 f"snapshot schema_version {snap.schema_version} is not {SCHEMA_VERSION}",
@@ -598,20 +616,31 @@ class SearchQAEnv(gym.Env[str, str]):
                     f"{value!r}; restore into an env configured like the one that took it",
                     field=name,
                 )
-        episode = None if snap.task_id is None else self._episode_from(snap)
         if snap.task_id is None and snap.turns:
             raise SnapshotError("snapshot has turns but no task_id", field="task_id")
-        rng_state = None if snap.rng_state is None else _parse_rng_state(snap.rng_state)
-        if episode is not None and episode.index_id != self._shared.retriever.index_id:
+        episode = None if snap.task_id is None else self._episode_from(snap)
+        generator = None if snap.rng_state is None else _generator_from(snap.rng_state)
+        if episode is not None:
+            self._warn_on_other_index(episode.index_id)
+        # everything is checked: only now does the env change
+        self._episode = episode
+        self._rng_pending = None
+        self._np_random = generator
+        # Gymnasium's "seed unknown" (-1) for a generator set directly; None seeds on first use
+        self._np_random_seed = None if generator is None else -1
+
+    def _warn_on_other_index(self, index_id: str) -> None:
+        try:
+            current = self._shared.retriever.index_id
+        except Exception:  # a restore never needs the retriever; a down server is no error
+            return
+        if index_id != current:
             log.warning(
                 "restoring an episode recorded on index %s into an env whose retriever has "
                 "index %s: cached queries replay from the snapshot, new ones use the new index",
-                episode.index_id,
-                self._shared.retriever.index_id,
+                index_id,
+                current,
             )
-        self._episode = episode
-        self._np_random = None
-        self._rng_pending = rng_state
 
     def _episode_from(self, snap: EnvSnapshot) -> _Episode:
         assert snap.task_id is not None
@@ -637,8 +666,18 @@ class SearchQAEnv(gym.Env[str, str]):
                 )
             if record.kind != "search" and record.hits:
                 raise SnapshotError(f"snapshot turn {i} ({record.kind}) has hits", field="turns")
-            key = normalize_query(record.content) if record.kind == "search" else ""
-            last = _Turn(record.kind, record.content, record.hits, key, last)
+            key = ""
+            if record.kind != "invalid":
+                # the content must be what this env's parser would have taken from an action
+                parsed = parse_action(f"<{record.kind}>{record.content}</{record.kind}>")
+                if parsed.kind != record.kind or parsed.content != record.content:
+                    reason = parsed.reason or "it is not stripped"
+                    raise SnapshotError(
+                        f"snapshot turn {i} holds a {record.kind} that no action gives ({reason})",
+                        field="turns",
+                    )
+                key = parsed.query
+            last = _Turn(record.kind, record.content, tuple(record.hits), key, last)
             n_tool_calls += record.kind == "search"
             n_invalid += record.kind == "invalid"
             doc_ids.extend(hit.doc_id for hit in record.hits)
@@ -656,6 +695,13 @@ class SearchQAEnv(gym.Env[str, str]):
         )
 
 
+def _cut(hit: Hit) -> Hit:
+    """The hit with its title and text cut to `MAX_TEXT_CHARS` (a non-Hit is left to fail)."""
+    if not isinstance(hit, Hit) or max(len(hit.title), len(hit.text)) <= MAX_TEXT_CHARS:
+        return hit
+    return replace(hit, title=hit.title[:MAX_TEXT_CHARS], text=hit.text[:MAX_TEXT_CHARS])
+
+
 def _cached_hits(node: _Turn | None, key: str) -> tuple[Hit, ...] | None:
     """The hits of the latest earlier search with this normalised query, if any."""
     while node is not None:
@@ -665,12 +711,24 @@ def _cached_hits(node: _Turn | None, key: str) -> tuple[Hit, ...] | None:
     return None
 
 
-def _parse_rng_state(text: str) -> dict[str, Any]:
+def _advice(err: BaseException) -> str:
+    """What to do about a retriever's error: only an outage is worth retrying."""
+    if isinstance(err, TypeError | ValueError):  # RequestRejected (a 4xx) is a ValueError
+        return (
+            "the retriever refused this query, so retrying cannot help: check that its limits "
+            f"(e.g. a server's max_query_chars) allow queries of {MAX_CONTENT_CHARS} characters"
+        )
+    return "retry the step once the retriever is back"
+
+
+def _generator_from(text: str) -> np.random.Generator:
+    """The generator a snapshot's `rng_state` describes, built in full to check it."""
     try:
         state = json.loads(text)
-        _BIT_GENERATORS[state["bit_generator"]]
-    except (ValueError, KeyError, TypeError) as err:
+        bit_generator = _BIT_GENERATORS[state["bit_generator"]]()
+        bit_generator.state = state
+    except Exception as err:  # json and numpy raise Value/Type/Key/Overflow/RecursionError
         raise SnapshotError(
-            f"snapshot rng_state is not a bit-generator state: {err!r}", field="rng_state"
-        ) from err
-    return state
+            f"snapshot rng_state is not a bit-generator state: {err!r:.300}", field="rng_state"
+        ) from None
+    return np.random.Generator(bit_generator)

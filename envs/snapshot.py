@@ -12,19 +12,24 @@ are derived from the turns, so a snapshot cannot contradict itself.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from envs.errors import SnapshotError
-from envs.protocol import ActionKind
+from envs.protocol import MAX_TEXT_CHARS, ActionKind
 from retrieval.base import Hit
 
 __all__ = [
+    "MAX_WRAPPER_DEPTH",
     "SCHEMA_VERSION",
     "AnySnapshot",
     "EnvSnapshot",
     "TurnRecord",
     "WrapperSnapshot",
+    "check_hits",
+    "check_snapshot_schema",
     "snapshot_from_json",
 ]
 
@@ -32,6 +37,101 @@ SCHEMA_VERSION = 1
 """Bumped whenever the snapshot format or the env's replay semantics change."""
 
 _KINDS: tuple[ActionKind, ...] = ("search", "answer", "invalid")
+
+MAX_WRAPPER_DEPTH = 64
+"""The most `WrapperSnapshot`s one snapshot may nest (a real wrapper chain is a handful)."""
+_MAX_ID_CHARS = 1_024  # task, index and document ids
+_MAX_STRING_CHARS = MAX_TEXT_CHARS  # any other string: turn contents, hit titles and texts
+_MAX_RNG_STATE_CHARS = 4_096  # the JSON of a PCG64 state is ~170 characters
+
+
+def check_hits(hits: Any, *, top_k: int) -> tuple[Hit, ...]:
+    """The schema of one search's hits, shared by a live search and a restored snapshot.
+
+    Raises:
+        ValueError: `hits` is not a sequence of at most `top_k` `Hit`s with string ids, titles
+            and texts within their size limits and a finite float score.
+    """
+    if isinstance(hits, str | bytes) or not isinstance(hits, Sequence):
+        raise ValueError(f"hits are a {type(hits).__name__}, not a sequence of Hit")
+    if len(hits) > top_k:
+        raise ValueError(f"{len(hits)} hits, more than top_k={top_k}")
+    for i, hit in enumerate(hits):
+        if not isinstance(hit, Hit):
+            raise ValueError(f"hit {i} is a {type(hit).__name__}, not a Hit")
+        _check_str(hit.doc_id, f"hit {i} doc_id", _MAX_ID_CHARS)
+        _check_str(hit.title, f"hit {i} title", _MAX_STRING_CHARS)
+        _check_str(hit.text, f"hit {i} text", _MAX_STRING_CHARS)
+        if type(hit.score) not in (float, int) or not math.isfinite(hit.score):
+            raise ValueError(f"hit {i} score {hit.score!r} is not a finite number")
+    return tuple(hits)
+
+
+def _check_str(value: Any, name: str, max_chars: int) -> None:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} is a {type(value).__name__}, not a str")
+    if len(value) > max_chars:
+        raise ValueError(f"{name} has {len(value)} characters, over the limit of {max_chars}")
+
+
+def check_snapshot_schema(snap: EnvSnapshot) -> None:
+    """Check every field's type and size, without reference to any env.
+
+    What depends on the env (its configuration, its tasks, its `max_turns` and `top_k`, what
+    a turn's content may be) is checked by the env's `restore`.
+
+    Raises:
+        SnapshotError: a field has the wrong type or is over its size limit; `err.field`
+            names it.
+    """
+    checks: list[tuple[str, Any, type | tuple[type, ...]]] = [
+        ("schema_version", snap.schema_version, int),
+        ("env", snap.env, str),
+        ("max_turns", snap.max_turns, int),
+        ("top_k", snap.top_k, int),
+        ("reward", snap.reward, str),
+        ("f1_threshold", snap.f1_threshold, (float, int)),
+        ("max_doc_chars", snap.max_doc_chars, int),
+        ("prompt_sha256", snap.prompt_sha256, str),
+        ("task_id", snap.task_id, (str, type(None))),
+        ("index_id", snap.index_id, str),
+        ("turns", snap.turns, (tuple, list)),
+        ("rng_state", snap.rng_state, (str, type(None))),
+    ]
+    for name, value, kind in checks:
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise SnapshotError(
+                f"snapshot field {name!r} is a {type(value).__name__}, which it cannot be",
+                field=name,
+            )
+    sizes = {
+        "env": (snap.env, _MAX_ID_CHARS),
+        "reward": (snap.reward, _MAX_ID_CHARS),
+        "prompt_sha256": (snap.prompt_sha256, _MAX_ID_CHARS),
+        "task_id": (snap.task_id or "", _MAX_ID_CHARS),
+        "index_id": (snap.index_id, _MAX_ID_CHARS),
+        "rng_state": (snap.rng_state or "", _MAX_RNG_STATE_CHARS),
+    }
+    for name, (value, limit) in sizes.items():
+        if len(value) > limit:
+            raise SnapshotError(
+                f"snapshot field {name!r} has {len(value)} characters, over the limit of {limit}",
+                field=name,
+            )
+    if not math.isfinite(snap.f1_threshold):
+        raise SnapshotError(
+            f"snapshot f1_threshold {snap.f1_threshold} is not finite", field="f1_threshold"
+        )
+    for i, turn in enumerate(snap.turns):
+        try:
+            if not isinstance(turn, TurnRecord):
+                raise ValueError(f"is a {type(turn).__name__}, not a TurnRecord")
+            if turn.kind not in _KINDS:
+                raise ValueError(f"has kind {turn.kind!r}, not one of {_KINDS}")
+            _check_str(turn.content, "its content", _MAX_STRING_CHARS)
+            check_hits(turn.hits, top_k=snap.top_k)
+        except ValueError as err:
+            raise SnapshotError(f"snapshot turn {i} {err}", field="turns") from None
 
 
 def _require(record: dict[str, Any], key: str, kind: str) -> Any:
@@ -70,14 +170,20 @@ class TurnRecord:
         Raises:
             SnapshotError: a field is missing or malformed.
         """
-        kind = _require(record, "kind", "turn")
+        kind = _typed(record, "kind", "turn", str)
         if kind not in _KINDS:
             raise SnapshotError(f"turn kind {kind!r} is not one of {_KINDS}", field="turns")
-        try:
-            hits = tuple(Hit.from_json(h) for h in _require(record, "hits", "turn"))
-        except (KeyError, TypeError, ValueError) as err:
-            raise SnapshotError(f"malformed hit in a turn: {err!r}", field="turns") from err
-        return cls(kind=kind, content=str(_require(record, "content", "turn")), hits=hits)
+        hits = []
+        for item in _typed(record, "hits", "turn", list):
+            hits.append(
+                Hit(
+                    doc_id=_typed(item, "id", "hit", str),
+                    title=_typed(item, "title", "hit", str),
+                    text=_typed(item, "text", "hit", str),
+                    score=float(_typed(item, "score", "hit", (int, float))),
+                )
+            )
+        return cls(kind=kind, content=_typed(record, "content", "turn", str), hits=tuple(hits))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,42 +246,54 @@ class EnvSnapshot:
                 `field` names the offending field.
         """
         version = _require(record, "schema_version", "snapshot")
-        if version != SCHEMA_VERSION:
+        if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
                 f"snapshot schema_version {version!r} is not {SCHEMA_VERSION}, the one this "
                 "version of trace-rl reads; re-create the snapshot with this version",
                 field="schema_version",
             )
-        turns = _require(record, "turns", "snapshot")
-        if not isinstance(turns, list):
-            raise SnapshotError("snapshot field 'turns' is not a list", field="turns")
-        try:
-            return cls(
-                schema_version=version,
-                env=str(_require(record, "env", "snapshot")),
-                max_turns=int(_require(record, "max_turns", "snapshot")),
-                top_k=int(_require(record, "top_k", "snapshot")),
-                reward=str(_require(record, "reward", "snapshot")),
-                f1_threshold=float(_require(record, "f1_threshold", "snapshot")),
-                max_doc_chars=int(_require(record, "max_doc_chars", "snapshot")),
-                prompt_sha256=str(_require(record, "prompt_sha256", "snapshot")),
-                task_id=_optional_str(_require(record, "task_id", "snapshot")),
-                index_id=str(_require(record, "index_id", "snapshot")),
-                turns=tuple(TurnRecord.from_json(t) for t in turns),
-                rng_state=_optional_str(_require(record, "rng_state", "snapshot")),
-            )
-        except (TypeError, ValueError) as err:
-            if isinstance(err, SnapshotError):
-                raise
-            raise SnapshotError(f"malformed snapshot: {err}", field="snapshot") from err
+        where = "snapshot"
+        snap = cls(
+            schema_version=version,
+            env=_typed(record, "env", where, str),
+            max_turns=_typed(record, "max_turns", where, int),
+            top_k=_typed(record, "top_k", where, int),
+            reward=_typed(record, "reward", where, str),
+            f1_threshold=float(_typed(record, "f1_threshold", where, (int, float))),
+            max_doc_chars=_typed(record, "max_doc_chars", where, int),
+            prompt_sha256=_typed(record, "prompt_sha256", where, str),
+            task_id=_typed(record, "task_id", where, (str, type(None))),
+            index_id=_typed(record, "index_id", where, str),
+            turns=tuple(TurnRecord.from_json(t) for t in _typed(record, "turns", where, list)),
+            rng_state=_typed(record, "rng_state", where, (str, type(None))),
+        )
+        check_snapshot_schema(snap)
+        return snap
 
     def to_json_str(self) -> str:
-        """The snapshot as one compact JSON string."""
-        return json.dumps(self.to_json(), separators=(",", ":"), ensure_ascii=False)
+        """The snapshot as one compact, ASCII-only JSON string (see `_json_str`)."""
+        return _json_str(self.to_json())
 
 
-def _optional_str(value: Any) -> str | None:
-    return None if value is None else str(value)
+def _json_str(record: dict[str, Any]) -> str:
+    """Compact JSON with ASCII escapes.
+
+    Escapes keep any string writable as UTF-8, even an answer holding a lone surrogate (which
+    `json.loads` reads back exactly).
+    """
+    return json.dumps(record, separators=(",", ":"))
+
+
+_JSON_NAMES = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+
+
+def _typed(record: Any, key: str, where: str, types: type | tuple[type, ...]) -> Any:
+    """`record[key]`, which must be one of `types` (a JSON true/false is never a number)."""
+    value = _require(record, key, where)
+    if isinstance(value, bool) or not isinstance(value, types):
+        got = "null" if value is None else _JSON_NAMES.get(type(value), "a list or an object")
+        raise SnapshotError(f"{where} field {key!r} is {got}, which it cannot be", field=key)
+    return value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,6 +321,10 @@ class WrapperSnapshot:
             "inner": self.inner.to_json(),
         }
 
+    def to_json_str(self) -> str:
+        """The snapshot as one compact, ASCII-only JSON string (see `_json_str`)."""
+        return _json_str(self.to_json())
+
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> WrapperSnapshot:
         """Inverse of `to_json`.
@@ -210,17 +332,32 @@ class WrapperSnapshot:
         Raises:
             SnapshotError: wrong schema version or a malformed record.
         """
+        return cls._from_json(record, depth=0)
+
+    @classmethod
+    def _from_json(cls, record: dict[str, Any], *, depth: int) -> WrapperSnapshot:
         version = _require(record, "schema_version", "wrapper snapshot")
-        if version != SCHEMA_VERSION:
+        if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
                 f"wrapper snapshot schema_version {version!r} is not {SCHEMA_VERSION}",
                 field="schema_version",
             )
+        state = _require(record, "state", "wrapper snapshot")
+        try:
+            state_text = json.dumps(state, sort_keys=True)
+        except (TypeError, ValueError, RecursionError) as err:
+            raise SnapshotError(f"wrapper state is not JSON: {err!r}", field="state") from None
+        if len(state_text) > _MAX_STRING_CHARS:
+            raise SnapshotError(
+                f"wrapper state of {len(state_text)} characters, over the limit of "
+                f"{_MAX_STRING_CHARS}",
+                field="state",
+            )
         return cls(
             schema_version=version,
-            wrapper=str(_require(record, "wrapper", "wrapper snapshot")),
-            state=json.dumps(_require(record, "state", "wrapper snapshot"), sort_keys=True),
-            inner=snapshot_from_json(_require(record, "inner", "wrapper snapshot")),
+            wrapper=_typed(record, "wrapper", "wrapper snapshot", str),
+            state=state_text,
+            inner=_snapshot_from_json(_require(record, "inner", "wrapper snapshot"), depth + 1),
         )
 
 
@@ -231,13 +368,22 @@ def snapshot_from_json(record: dict[str, Any]) -> AnySnapshot:
     """Read either kind of snapshot from its `to_json` form.
 
     Raises:
-        SnapshotError: the record is not a snapshot of a known kind, or is malformed.
+        SnapshotError: the record is not a snapshot of a known kind, is malformed, or nests
+            more than `MAX_WRAPPER_DEPTH` wrapper snapshots.
     """
+    return _snapshot_from_json(record, 0)
+
+
+def _snapshot_from_json(record: Any, depth: int) -> AnySnapshot:
+    if depth > MAX_WRAPPER_DEPTH:
+        raise SnapshotError(
+            f"snapshot nests more than {MAX_WRAPPER_DEPTH} wrapper snapshots", field="inner"
+        )
     kind = _require(record, "kind", "snapshot")
     if kind == "env":
         return EnvSnapshot.from_json(record)
     if kind == "wrapper":
-        return WrapperSnapshot.from_json(record)
+        return WrapperSnapshot._from_json(record, depth=depth)
     raise SnapshotError(
         f"unknown snapshot kind {kind!r} (expected 'env' or 'wrapper')", field="kind"
     )

@@ -26,10 +26,12 @@ __all__ = ["BudgetMeter", "ForkableWrapper", "fork", "restore", "snapshot"]
 def _unforkable(env: Any) -> UnforkableWrapperError:
     name = type(env).__name__
     if isinstance(env, gym.Wrapper):
+        spec_id = env.spec.id if env.spec is not None else "ID"
         return UnforkableWrapperError(
-            f"{name} in the wrapper chain keeps state that it cannot snapshot; make it a "
-            "envs.ForkableWrapper, or build the env without it (gym.make(..., "
-            "disable_env_checker=True, order_enforce=False) drops Gymnasium's checkers)"
+            f"{name} in the wrapper chain keeps state that it cannot snapshot; make it an "
+            "envs.ForkableWrapper, or build the env without it. Gymnasium's checkers "
+            "(OrderEnforcing, PassiveEnvChecker) go with gym.make(dataclasses.replace("
+            f"gym.spec({spec_id!r}), order_enforce=False, disable_env_checker=True))"
         )
     return UnforkableWrapperError(f"{name} has no snapshot/restore/fork; it cannot be forked")
 
