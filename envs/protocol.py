@@ -190,16 +190,25 @@ def parse_action(text: str) -> ParsedAction:
     if best_kind == "answer" and len(content) > MAX_CONTENT_CHARS:
         reason = f"answer of {len(content)} characters (at most {MAX_CONTENT_CHARS})"
         return ParsedAction("invalid", "", reason, end)
-    if best_kind == "search" and len(content) > _MAX_RAW_QUERY_CHARS:
-        reason = f"search of {len(content)} characters (at most {MAX_CONTENT_CHARS} normalised)"
-        return ParsedAction("invalid", "", reason, end)
     for tag in _PROTOCOL_TAGS:
         if tag in content:
             return ParsedAction("invalid", "", f"{best_kind} contains the tag {tag}", end)
     if best_kind == "answer":
         return ParsedAction("answer", content, "", end)
+    return _bounded_search(content, end, allow_empty=False)
+
+
+def _bounded_search(content: str, end: int, *, allow_empty: bool) -> ParsedAction:
+    """A search with its query normalised once, then bounded: the one rule of both parsers.
+
+    The bound applies to the normalised query, the text every retriever (local or remote) is
+    sent, so a search that one retriever answers is never refused by another.
+    """
+    if len(content) > _MAX_RAW_QUERY_CHARS:  # bounds the normalisation's own work
+        reason = f"search of {len(content)} characters (at most {MAX_CONTENT_CHARS} normalised)"
+        return ParsedAction("invalid", "", reason, end)
     query = normalize_query(content)
-    if not query:
+    if not query and not allow_empty:
         return ParsedAction("invalid", "", "empty search once normalised", end)
     if len(query) > MAX_CONTENT_CHARS:
         reason = f"search of {len(query)} characters once normalised (at most {MAX_CONTENT_CHARS})"
@@ -255,13 +264,15 @@ def parse_action_search_r1(text: str) -> ParsedAction:
     The text is cut after its first `</search>` if it has one, else after its first
     `</answer>`; the action is then the leftmost `<search>…</search>` or `<answer>…</answer>`
     pair of the cut text, its content stripped. Unlike `parse_action`, an empty content and a
-    content holding other tags are valid, and there is no length limit. The regex runs on at
-    most the text up to one closing tag, so its cost is bounded by the action's length.
+    content holding other tags are valid. A search's query is normalised and bounded by the
+    same rule as `parse_action`'s (a query over `MAX_CONTENT_CHARS` once normalised is
+    invalid), so no retriever can refuse it; an answer has no length limit. The regex runs on
+    at most the text up to one closing tag, so its cost is bounded by the action's length.
 
     >>> parse_action_search_r1("<answer> x </answer> then <search> q </search>").content
     'x'
     >>> parse_action_search_r1("<search></search>")
-    ParsedAction(kind='search', content='', reason='', end=17)
+    ParsedAction(kind='search', content='', reason='', end=17, query='')
     >>> parse_action_search_r1("no tags").kind
     'invalid'
     """
@@ -274,8 +285,9 @@ def parse_action_search_r1(text: str) -> ParsedAction:
     match = _SEARCH_R1_PAIR.search(text, 0, end)
     if match is None:
         return ParsedAction("invalid", "", "no <search>…</search> or <answer>…</answer>", end)
-    kind: ActionKind = "search" if match.group(1) == "search" else "answer"
-    return ParsedAction(kind, match.group(2).strip(), "", end)
+    if match.group(1) == "search":
+        return _bounded_search(match.group(2).strip(), end, allow_empty=True)
+    return ParsedAction("answer", match.group(2).strip(), "", end)
 
 
 def format_information_search_r1(hits: Sequence[Hit]) -> str:

@@ -42,6 +42,7 @@ from envs.protocol import (
     MAX_TEXT_CHARS,
     PROTOCOLS,
     ActionKind,
+    ParsedAction,
     Protocol,
     format_information,
     format_information_search_r1,
@@ -430,12 +431,12 @@ class SearchQAEnv(gym.Env[str, str]):
             )
         config = self._shared.config
         exact = config.protocol == "search-r1"
-        parsed = parse_action_search_r1(action) if exact else parse_action(action)
+        parsed = _parse(config, action)
         reward = 0.0
         extra: dict[str, Any] = {}
         n_tool_calls, n_invalid, doc_ids = ep.n_tool_calls, ep.n_invalid, ep.retrieved_doc_ids
         if parsed.kind == "search":
-            key = parsed.query  # normalised and bounded once, by parse_action
+            key = parsed.query  # normalised and bounded once, by the parser
             hits = _cached_hits(ep.last, key)
             if hits is None:
                 hits = self._search(key) if key else ()  # search-r1 allows an empty query
@@ -644,16 +645,16 @@ class SearchQAEnv(gym.Env[str, str]):
 
     def _episode_from(self, snap: EnvSnapshot) -> _Episode:
         assert snap.task_id is not None
+        config = self._shared.config
         if snap.task_id not in self._shared.tasks:
             raise SnapshotError(
                 f"snapshot field 'task_id' is {snap.task_id!r}, which is not in this env's task "
                 "set; restore into an env built on the same tasks",
                 field="task_id",
             )
-        if len(snap.turns) > self._shared.config.max_turns:
+        if len(snap.turns) > config.max_turns:
             raise SnapshotError(
-                f"snapshot has {len(snap.turns)} turns, more than max_turns="
-                f"{self._shared.config.max_turns}",
+                f"snapshot has {len(snap.turns)} turns, more than max_turns={config.max_turns}",
                 field="turns",
             )
         last: _Turn | None = None
@@ -669,7 +670,7 @@ class SearchQAEnv(gym.Env[str, str]):
             key = ""
             if record.kind != "invalid":
                 # the content must be what this env's parser would have taken from an action
-                parsed = parse_action(f"<{record.kind}>{record.content}</{record.kind}>")
+                parsed = _parse(config, f"<{record.kind}>{record.content}</{record.kind}>")
                 if parsed.kind != record.kind or parsed.content != record.content:
                     reason = parsed.reason or "it is not stripped"
                     raise SnapshotError(
@@ -677,6 +678,8 @@ class SearchQAEnv(gym.Env[str, str]):
                         field="turns",
                     )
                 key = parsed.query
+                if record.kind == "search" and not key and record.hits:
+                    raise SnapshotError(f"snapshot turn {i} has hits for no query", field="turns")
             last = _Turn(record.kind, record.content, tuple(record.hits), key, last)
             n_tool_calls += record.kind == "search"
             n_invalid += record.kind == "invalid"
@@ -693,6 +696,13 @@ class SearchQAEnv(gym.Env[str, str]):
             terminated=terminated,
             truncated=not terminated and len(snap.turns) >= self._shared.config.max_turns,
         )
+
+
+def _parse(config: SearchQAConfig, action: str) -> ParsedAction:
+    """The action as this env's protocol reads it."""
+    if config.protocol == "search-r1":
+        return parse_action_search_r1(action)
+    return parse_action(action)
 
 
 def _cut(hit: Hit) -> Hit:
