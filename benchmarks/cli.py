@@ -13,8 +13,10 @@ import json
 import logging
 import os
 import platform
+import re
 import shlex
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,7 +34,7 @@ from benchmarks.agents import (
 )
 from benchmarks.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
 from benchmarks.errors import BenchmarkError, UnknownNameError
-from benchmarks.evaluation import Report, evaluate
+from benchmarks.evaluation import EpisodeRecord, Report, evaluate
 from benchmarks.qa_datasets import (
     DatasetSource,
     FormatName,
@@ -42,7 +44,8 @@ from benchmarks.qa_datasets import (
     load_file,
     load_named,
 )
-from benchmarks.report import write_reports
+from benchmarks.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
+from benchmarks.runs import VOLATILE, EpisodeStream, RunState, read_finished
 from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.protocol import Protocol
@@ -53,6 +56,8 @@ from harness.errors import HarnessError
 from retrieval import (
     BM25Retriever,
     CachedRetriever,
+    HTTPRetriever,
+    IndexManifest,
     RetrievalError,
     Retriever,
     make_retriever,
@@ -77,21 +82,27 @@ class DataArgs:
     """Local dataset files in any supported format (detected from the content)."""
     format: FormatName | None = None
     """Force a file format instead of detecting it from the content."""
-    name: str | None = None
-    """Dataset name to report for `--data-file` tasks (default: from the format)."""
+    name: tuple[str, ...] = ()
+    """Dataset names to report, one per `--data-file`, in order (default: a FlashRAG folder
+    layout's folder name, `DIR/<name>/<split>.jsonl`, else the format's name)."""
     split: str | None = None
     """Hub split to load instead of the registry's (test, else dev); for `synthetic`: all,
     train, dev, test or test_entities."""
     hub_path: Path | None = None
     """A local copy of the hub repo (e.g. from `hf download`) to load `--dataset` from."""
     limit: int | None = None
-    """Keep the first N questions of each dataset."""
+    """Keep the first N questions of each dataset (files of one dataset count together)."""
     world_seed: int = 0
     """Seed of the synthetic world (`--dataset synthetic`, the default)."""
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"--limit {self.limit}: must be >= 1")
+        if self.name and len(self.name) != len(self.data_file):
+            raise ValueError(
+                f"--name: {len(self.name)} names for {len(self.data_file)} --data-file paths; "
+                "give one name per file, in the same order"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,15 +165,38 @@ def load_data(args: DataArgs, *, allow_synthetic: bool = True) -> LoadedData:
         if len(names) > 1 or args.data_file:
             raise BenchmarkError("evaluate the synthetic world on its own, not mixed with others")
         return _load_synthetic(args)
+    file_names = args.name or (None,) * len(args.data_file)
     parts = [
-        load_file(path, format=args.format, name=args.name, limit=args.limit)
-        for path in args.data_file
+        load_file(path, format=args.format, name=name)
+        for path, name in zip(args.data_file, file_names, strict=True)
     ]
     parts += [
         load_named(name, split=args.split, limit=args.limit, hub_path=args.hub_path)
         for name in names
     ]
+    if args.limit is not None:
+        parts = [_first_per_dataset(combine(parts), args.limit)]
     return LoadedData(parts=tuple(parts), world=None)
+
+
+def _first_per_dataset(dataset: LoadedDataset, limit: int) -> LoadedDataset:
+    """The first `limit` questions of each dataset name.
+
+    Several files of one dataset count together, so `--limit` means the same whatever the
+    files are split into.
+    """
+    seen: dict[str, int] = {}
+    kept = []
+    for task in dataset.tasks:
+        seen[task.dataset] = seen.get(task.dataset, 0) + 1
+        if seen[task.dataset] <= limit:
+            kept.append(task)
+    ids = {t.task_id for t in kept}
+    return replace(
+        dataset,
+        tasks=TaskSet(kept),
+        decompositions={k: v for k, v in dataset.decompositions.items() if k in ids},
+    )
 
 
 # --- tracerl corpus ----------------------------------------------------------------------------
@@ -290,6 +324,9 @@ class BenchConfig(AgentArgs, DataArgs):
     """Draw a progress bar with the running EM (stderr)."""
     json: bool = False
     """Print one JSON object (overall metrics per agent) as the last line of stdout."""
+    resume: bool = False
+    """Continue the run in --out: keep its finished episodes (trajectories.jsonl) and play only
+    the rest; the report is the one an uninterrupted run writes."""
 
     @property
     def env_max_turns(self) -> int:
@@ -325,13 +362,52 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         source = {"corpus": "the datasets' own paragraphs (tracerl corpus)"}
     inner = retriever.inner if isinstance(retriever, CachedRetriever) else retriever
     manifest = getattr(inner, "manifest", None)
+    url = isinstance(inner, HTTPRetriever)
+    if manifest is None and url:
+        manifest = _server_manifest(inner)
+    documents = getattr(inner, "documents", None)
     meta = {
         **source,
         "kind": type(inner).__name__,
         "index_id": retriever.index_id,
-        "manifest": manifest.to_json() if manifest is not None else None,
+        "manifest": _manifest_json(manifest, built_now=config.index is None and not url),
+        "n_documents": len(documents) if documents is not None else _n_documents(manifest),
+        "top_k": config.topk,
+        # `tracerl corpus` ids: the pooled paragraphs shipped with the questions themselves
+        "distractor_pool": documents is not None
+        and all(_PARAGRAPH_ID.fullmatch(d.doc_id) for d in documents),
     }
     return retriever, meta
+
+
+_PARAGRAPH_ID = re.compile(r"p-[0-9a-f]{16}")
+
+
+def _manifest_json(manifest: IndexManifest | None, *, built_now: bool) -> dict[str, Any] | None:
+    """The manifest for the report.
+
+    An index built in memory by this run drops its build time: it says nothing about the
+    index and would make a resumed run's report differ.
+    """
+    if manifest is None:
+        return None
+    record = manifest.to_json()
+    if built_now:
+        record.pop("created_at", None)
+    return record
+
+
+def _server_manifest(retriever: HTTPRetriever) -> IndexManifest | None:
+    """The manifest a trace-rl server shows on `/health` (a Search-R1 server has none)."""
+    try:
+        health = retriever.health()
+        return IndexManifest.from_json(health.get("manifest"), source="/health")
+    except (RetrievalError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def _n_documents(manifest: IndexManifest | None) -> int | None:
+    return manifest.n_documents if manifest is not None else None
 
 
 def _recall_tasks(tasks: TaskSet, retriever: Retriever) -> TaskSet:
@@ -489,14 +565,10 @@ def _meta(
     retriever: dict[str, Any],
     env: SearchQAConfig,
 ) -> dict[str, Any]:
-    config_json = {
-        k: (str(v) if isinstance(v, Path) else list(map(str, v)) if isinstance(v, tuple) else v)
-        for k, v in asdict(config).items()
-        if k != "api_key"
-    }
+    config_json = {k: v for k, v in _config_json(config).items() if k not in VOLATILE}
+    command = [a for a in argv if a != "--resume"]  # a resumed run reports the run's command
     return {
-        "command": shlex.join(["tracerl", "bench", *argv]),
-        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": shlex.join(["tracerl", "bench", *command]),
         "trace_rl_version": importlib.metadata.version("trace-rl"),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -515,7 +587,7 @@ def _meta(
     }
 
 
-def _print_summary(reports: list[Report]) -> None:
+def _print_summary(reports: list[Report], meta: Mapping[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -523,36 +595,103 @@ def _print_summary(reports: list[Report]) -> None:
     console.width = max(console.width, 132)  # a pipe reports 80 columns; keep rows whole
     for title, groups in (
         ("overall", [(r.agent, "all", r.overall) for r in reports]),
+        ("per dataset", [(r.agent, k, m) for r in reports for k, m in r.by_dataset.items()]),
         ("per question type", [(r.agent, k, m) for r in reports for k, m in r.by_type.items()]),
         ("per hop count", [(r.agent, k, m) for r in reports for k, m in r.by_hops.items()]),
     ):
         table = Table(title=f"tracerl bench: {title}")
-        for column in (
-            "agent",
-            "group",
-            "n",
-            "EM",
-            "sub-EM",
-            "F1",
-            "valid",
-            "searches",
-            "tokens",
-            "recall",
-        ):
-            table.add_column(column, justify="left" if column in ("agent", "group") else "right")
+        table.add_column("agent")
+        table.add_column("group")
+        for header, _, _ in COLUMNS:
+            table.add_column(header, justify="right")
         for agent, group, m in groups:
-            recall = "–" if m.recall is None else f"{m.recall:.3f}"
-            table.add_row(
-                agent, group, str(m.n), f"{m.em:.3f}", f"{m.sub_em:.3f}", f"{m.f1:.3f}",
-                f"{m.valid_action_rate:.3f}", f"{m.searches:.2f}", f"{m.tokens:.1f}", recall,
-            )  # fmt: skip
+            table.add_row(agent, group, *metric_cells(m))
         console.print(table)
+    line, warning = retrieval_setting(meta.get("retriever", {}))
+    print(line)
+    print(ACC_NOTE)
+    for name, why in meta.get("skipped", {}).items():
+        print(f"{name}: {why['n']} questions skipped: {why['reason']}")
+    if warning:
+        print(warning)
+
+
+def _planless(data: LoadedData) -> set[str]:
+    """Task ids the real-data oracle has no plan for (no decomposition, no supporting titles)."""
+    if data.world is not None:
+        return set()
+    return {task_id for task_id, plan in oracle_plans(data.dataset).items() if not plan.queries}
+
+
+def _mark_unknown_recall(reports: list[Report], retriever: Retriever) -> bool:
+    """For a server, recall is unknown when no search of the run returned a supporting id.
+
+    A local index is checked before the run (`_recall_tasks`); a server's ids can only be seen
+    in its answers. Zero overlap over a whole run means its ids are not the corpus ids (a
+    wiki-18 server), so recall reads as unknown ("–"), not 0.
+
+    Returns:
+        True if recall was marked unknown (the records' supporting ids are dropped).
+    """
+    inner = retriever.inner if isinstance(retriever, CachedRetriever) else retriever
+    if getattr(inner, "documents", None) is not None:
+        return False
+    episodes = [e for r in reports for e in r.episodes]
+    supporting = {d for e in episodes for d in e.supporting_doc_ids}
+    if not supporting or supporting & {d for e in episodes for d in e.retrieved_doc_ids}:
+        return False
+    for i, report in enumerate(reports):
+        reports[i] = replace(
+            report, episodes=tuple(replace(e, supporting_doc_ids=()) for e in report.episodes)
+        )
+    log.warning(
+        "no search returned a supporting paragraph's id: the server's ids are not `tracerl "
+        "corpus` ids, so retrieval recall is unknown (shown as –)"
+    )
+    return True
+
+
+def _stable_config(config: BenchConfig) -> dict[str, Any]:
+    """The settings that fix a run's results (what `--resume` must agree with)."""
+    return {k: v for k, v in _config_json(config).items() if k not in VOLATILE}
+
+
+def _config_json(config: BenchConfig) -> dict[str, Any]:
+    return {
+        k: (str(v) if isinstance(v, Path) else list(map(str, v)) if isinstance(v, tuple) else v)
+        for k, v in asdict(config).items()
+        if k != "api_key"
+    }
+
+
+def _episodes_report(
+    agent: Agent, episodes: Sequence[EpisodeRecord], tasks: TaskSet, config: BenchConfig
+) -> Report:
+    """An agent's report from its records, in task order (fresh and resumed runs agree)."""
+    position = {task_id: i for i, task_id in enumerate(tasks.ids)}
+    return Report(
+        agent=agent.name,
+        episodes=tuple(sorted(episodes, key=lambda r: position[r.task_id])),
+        meta={"agent": agent.settings(), "seed": config.seed, "batch_size": config.concurrency},
+    )
 
 
 def bench(argv: list[str]) -> int:
-    """`tracerl bench`: evaluate agents and write the report."""
+    """`tracerl bench`: evaluate agents and write the report.
+
+    Returns 0 on success, 2 on bad input (nothing run), 1 when the run stopped part-way (a
+    partial report is written; `--resume` finishes it).
+    """
     config = tyro.cli(BenchConfig, args=argv, prog="tracerl bench")
     try:
+        state = RunState(
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            config=_stable_config(config),
+        )
+        if config.resume:
+            previous = RunState.read(config.out)
+            previous.check_same(state.config, config.out)
+            state = previous
         data = load_data(config)
         retriever, retriever_meta = _retriever(config, data)
         tasks = _recall_tasks(data.dataset.tasks, retriever)
@@ -566,10 +705,18 @@ def bench(argv: list[str]) -> int:
             env_kwargs["prompt_template"] = config.prompt_template
         env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
         meta = _meta(config, argv, data, retriever_meta, env_config)
+        meta["created_at"] = state.created_at
         agents = [
             make_agent(kind, config, data, seed=config.seed, protocol=config.protocol)
             for kind in dict.fromkeys(config.agent)
         ]
+        planless = _planless(data) if "oracle" in config.agent else set()
+        if planless and len(planless) == len(tasks):
+            raise BenchmarkError(
+                "--agent oracle: no question has a plan (no decomposition and no supporting "
+                "paragraphs, as in Bamboogle or NQ), so it could only copy the gold answer; "
+                "drop it for these datasets"
+            )
     except (BenchmarkError, RetrievalError, EnvError, HarnessError) as err:
         log.error("%s", err)
         return 2
@@ -577,24 +724,82 @@ def bench(argv: list[str]) -> int:
     def env_factory() -> SearchQAEnv:
         return SearchQAEnv(tasks, retriever, **env_kwargs)
 
-    reports = []
+    for agent in agents:
+        check = getattr(agent, "check_endpoint", None)
+        if check is not None:
+            try:
+                check()
+            except HarnessError as err:
+                print(f"tracerl bench: {err}", file=sys.stderr)
+                return 2
+    finished = read_finished(config.out / "trajectories.jsonl") if config.resume else {}
+    state.write(config.out)
+    stream = EpisodeStream(config.out / "trajectories.jsonl", append=config.resume)
+    reports: list[Report] = []
+    skipped: dict[str, int] = {}
+    failure: str | None = None
     try:
         for agent in agents:
-            reports.append(
-                evaluate(
-                    agent,
-                    env_factory,
-                    tasks,
-                    batch_size=config.concurrency,
-                    seed=config.seed,
-                    progress=config.progress,
+            agent_tasks = tasks
+            if agent.name == "oracle" and planless:
+                agent_tasks = TaskSet(t for t in tasks if t.task_id not in planless)
+                skipped[agent.name] = len(planless)
+                log.warning(
+                    "oracle: %d questions have no plan (no decomposition, no supporting "
+                    "paragraphs); it is not evaluated on them",
+                    len(planless),
                 )
-            )
-    except (RetrievalError, EnvError, HarnessError) as err:
-        log.error("%s", err)
-        return 2
+            done = dict(finished.get(agent.name, {}))
+            todo = [t for t in agent_tasks if t.task_id not in done]
+            if done:
+                log.info("%s: %d of %d already done", agent.name, len(done), len(agent_tasks))
+
+            def keep(record: EpisodeRecord, name: str = agent.name, done: dict = done) -> None:
+                done[record.task_id] = record
+                stream.write(name, record)
+
+            try:
+                if todo:
+                    evaluate(
+                        agent,
+                        env_factory,
+                        todo,
+                        batch_size=config.concurrency,
+                        seed=config.seed,
+                        progress=config.progress,
+                        on_episode=keep,
+                    )
+            finally:
+                if done:
+                    records = list(done.values())
+                    reports.append(_episodes_report(agent, records, agent_tasks, config))
+            if len(done) < len(agent_tasks):  # pragma: no cover - evaluate plays every task
+                raise RuntimeError(f"{agent.name}: {len(agent_tasks) - len(done)} tasks not played")
+    except (RetrievalError, EnvError, HarnessError, ConnectionError, KeyboardInterrupt) as err:
+        n_done = sum(len(r.episodes) for r in reports)
+        n_total = sum(len(tasks) - skipped.get(a.name, 0) for a in agents)
+        failure = (
+            f"stopped after {n_done} of {n_total} episodes: "
+            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        )
+        meta["partial"] = {"n_done": n_done, "n_total": n_total, "error": failure}
+    finally:
+        stream.close()
+    recall_unknown = _mark_unknown_recall(reports, retriever)
+    meta["retriever"]["recall"] = "unknown" if recall_unknown else "measured"
+    meta["skipped"] = {
+        name: {"n": n, "reason": "no plan (no decomposition, no supporting paragraphs)"}
+        for name, n in skipped.items()
+    }
     paths = write_reports(reports, config.out, meta=meta)
-    _print_summary(reports)
+    if failure is not None:
+        print(
+            f"tracerl bench: {failure}. Partial report in {config.out}; run the same command "
+            "with --resume to finish it",
+            file=sys.stderr,
+        )
+        return 1
+    _print_summary(reports, meta)
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['trajectories']}, {paths['plot']}")
     if config.json:
         summary = {r.agent: r.overall.to_json() for r in reports}

@@ -591,6 +591,10 @@ def records_to_dataset(
     )
 
 
+_SPLIT_NAMES = frozenset({"train", "dev", "test", "val", "validation"})
+_READABLE = frozenset({".jsonl", ".json", ".csv", ".tsv", ".parquet"})
+
+
 def load_file(
     path: str | Path,
     *,
@@ -603,8 +607,9 @@ def load_file(
     Args:
         path: a JSON, JSONL, CSV, TSV or Parquet file.
         format: one of `FORMATS`; None detects it from the content.
-        name: the dataset name in reports; None takes the format's (`hotpotqa`, ...), or for
-            FlashRAG rows their own `dataset`/`data_source` field.
+        name: the dataset name in reports; None takes, for FlashRAG rows, their own
+            `dataset`/`data_source` field, else the folder of a FlashRAG_datasets layout
+            (`hotpotqa/dev.jsonl` is `hotpotqa`), else the format's name (`hotpotqa`, ...).
         limit: keep only the first `limit` records.
 
     Returns:
@@ -615,10 +620,18 @@ def load_file(
         UnknownNameError: `format` is not a known format.
     """
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in _READABLE)[:5]
+        hint = f" (it holds {', '.join(inside)})" if inside else ""
+        raise DatasetFormatError(
+            f"dataset file {path} is a folder{hint}; pass the files in it, e.g. {path}/*.jsonl"
+        )
     if not path.is_file():
         raise DatasetFormatError(f"dataset file {path} does not exist")
     fmt = format or detect_format(path)
     _check_format(fmt)
+    if name is None and fmt == "flashrag" and path.stem in _SPLIT_NAMES:
+        name = path.parent.name  # FlashRAG_datasets layout: <name>/<split>.jsonl
     log.info("loading %s as %s", path, fmt)
     source = DatasetSource(kind="file", location=str(path), format=fmt, sha256=_file_sha256(path))
     try:

@@ -20,7 +20,16 @@ from typing import Any, Literal
 
 from benchmarks.evaluation import SCHEMA_VERSION, Metrics, Report
 
-__all__ = ["COLUMNS", "markdown_report", "markdown_table", "plot_reports", "write_reports"]
+__all__ = [
+    "ACC_NOTE",
+    "COLUMNS",
+    "markdown_report",
+    "markdown_table",
+    "metric_cells",
+    "plot_reports",
+    "retrieval_setting",
+    "write_reports",
+]
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +38,8 @@ Group = Literal["overall", "dataset", "type", "hops"]
 COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("n", "n", "d"),
     ("EM", "em", ".3f"),
-    ("sub-EM", "sub_em", ".3f"),
     ("F1", "f1", ".3f"),
+    ("acc", "sub_em", ".3f"),
     ("answered", "answered", ".3f"),
     ("valid", "valid_action_rate", ".3f"),
     ("searches", "searches", ".2f"),
@@ -38,7 +47,38 @@ COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("tokens", "tokens", ".1f"),
     ("recall", "recall", ".3f"),
 )
-"""(header, Metrics field, format) of every table column."""
+"""(header, Metrics field, format) of every table column: the strict metrics first."""
+
+ACC_NOTE = (
+    "acc is sub-EM, FlashRAG's `acc`: some gold answer occurs inside the prediction. It is "
+    'lenient ("no" matches "November"); EM and F1 are the strict metrics.'
+)
+
+
+def metric_cells(metrics: Metrics) -> list[str]:
+    """A row's metric cells, formatted as `COLUMNS` says (unknown values as "–")."""
+    return [_cell(getattr(metrics, field), spec) for _, field, spec in COLUMNS]
+
+
+def retrieval_setting(retriever: Mapping[str, Any]) -> tuple[str, str | None]:
+    """One line saying what the agents searched, and a warning when it flatters them.
+
+    >>> retrieval_setting({"corpus": "c.jsonl", "kind": "BM25Retriever", "n_documents": 9,
+    ...                    "top_k": 3, "distractor_pool": False})
+    ('retrieval: BM25Retriever over c.jsonl, 9 documents, top-3', None)
+    """
+    where = retriever.get("corpus") or retriever.get("spec") or "?"
+    n = retriever.get("n_documents")
+    size = f"{n:,} documents" if isinstance(n, int) else "size unknown"
+    line = f"retrieval: {retriever.get('kind')} over {where}, {size}, top-{retriever.get('top_k')}"
+    warning = None
+    if retriever.get("distractor_pool"):
+        warning = (
+            "WARNING: retrieval searches the pooled paragraphs shipped with the questions (the "
+            "distractor pool), far easier than e5 over wiki-18's 21M passages; these numbers "
+            "are not comparable with Search-R1 or FlashRAG tables"
+        )
+    return line, warning
 
 
 def _groups(report: Report, group: Group) -> dict[str, Metrics]:
@@ -63,7 +103,7 @@ def markdown_table(reports: Sequence[Report], group: Group) -> str:
     ...     question_type="t", n_hops=2, answer="a", em=1.0, sub_em=1.0, f1=1.0, end="answer",
     ...     n_tool_calls=1, n_tokens=0, retrieved_doc_ids=(), supporting_doc_ids=(), turns=())
     >>> print(markdown_table([Report(agent="x", episodes=(ep,))], "type"))
-    | agent | type | n | EM | sub-EM | F1 | answered | valid | searches | turns | tokens | recall |
+    | agent | type | n | EM | F1 | acc | answered | valid | searches | turns | tokens | recall |
     |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|
     | x | d/t | 1 | 1.000 | 1.000 | 1.000 | 1.000 | 0.000 | 1.00 | 0.00 | 0.0 | – |
     """
@@ -74,8 +114,7 @@ def markdown_table(reports: Sequence[Report], group: Group) -> str:
     ]
     for report in reports:
         for name, metrics in _groups(report, group).items():
-            cells = [_cell(getattr(metrics, field), spec) for _, field, spec in COLUMNS]
-            lines.append("| " + " | ".join([report.agent, name, *cells]) + " |")
+            lines.append("| " + " | ".join([report.agent, name, *metric_cells(metrics)]) + " |")
     return "\n".join(lines)
 
 
@@ -83,6 +122,13 @@ def markdown_report(reports: Sequence[Report], meta: Mapping[str, Any]) -> str:
     """report.md: what was run, then the four tables."""
     dataset = meta.get("dataset", {})
     lines = ["# tracerl bench", ""]
+    partial = meta.get("partial")
+    if partial:
+        lines += [
+            f"**PARTIAL REPORT**: {partial['error']}. Rerun the command with `--resume` to "
+            "finish it.",
+            "",
+        ]
     if meta.get("command"):
         lines += ["```", str(meta["command"]), "```", ""]
     if dataset:
@@ -92,17 +138,23 @@ def markdown_report(reports: Sequence[Report], meta: Mapping[str, Any]) -> str:
         )
     retriever = meta.get("retriever", {})
     if retriever:
-        lines.append(f"- retriever: `{retriever.get('index_id')}` ({retriever.get('kind')})")
+        setting, warning = retrieval_setting(retriever)
+        lines.append(f"- {setting}; index `{retriever.get('index_id')}`")
+        if warning:
+            lines.append(f"- **{warning}**")
     env = meta.get("env", {})
     if env:
         lines.append(
             f"- env: max_turns={env.get('max_turns')}, top_k={env.get('top_k')}, "
             f"reward={env.get('reward')}, seed={meta.get('seed')}"
         )
+    for name, why in meta.get("skipped", {}).items():
+        lines.append(f"- {name}: {why['n']} questions skipped: {why['reason']}")
     lines += [
-        "- metrics: EM / sub-EM / F1 of the parsed `<answer>` only (SQuAD normalisation, best "
-        "over aliases); no answer scores 0. valid = valid actions / actions; searches, turns, "
-        "tokens per question; recall = supporting documents retrieved.",
+        "- metrics: EM / F1 of the parsed `<answer>` only (SQuAD normalisation, best over "
+        "aliases); no answer scores 0. " + ACC_NOTE + " valid = valid actions / actions; "
+        "searches, turns, tokens per question; recall = supporting documents retrieved "
+        "(– when unknown).",
         "",
     ]
     for title, group in (
@@ -170,7 +222,7 @@ def write_reports(
     Raises:
         ValueError: no reports, or two reports with the same agent name.
     """
-    if not reports:
+    if not reports and not meta.get("partial"):
         raise ValueError("no reports to write")
     names = [r.agent for r in reports]
     if len(set(names)) != len(names):
@@ -195,6 +247,7 @@ def write_reports(
             for episode in report.episodes:
                 line = {"agent": report.agent, **episode.to_json()}
                 handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-    plot_reports(reports, paths["plot"])
+    if reports:
+        plot_reports(reports, paths["plot"])
     log.info("wrote %s", ", ".join(str(p) for p in paths.values()))
     return paths

@@ -8,7 +8,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
@@ -86,10 +86,27 @@ class SearchConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ServeConfig:
-    """Serve an index over Search-R1's HTTP API (POST /retrieve, GET /health)."""
+    """Serve an index over Search-R1's HTTP API (POST /retrieve, GET /health).
 
-    index: Path
-    """the index directory to serve"""
+    Either an index directory (`--index DIR`) or a prebuilt faiss index with its corpus, as
+    Search-R1 and FlashRAG ship wiki-18 (`--faiss-index e5_Flat.index --corpus wiki-18.jsonl
+    --encoder /models/e5-base-v2 --pooling mean --query-prefix "query: "`).
+    """
+
+    index: Path | None = None
+    """an index directory (`tracerl index build`, `tracerl corpus`)"""
+    faiss_index: Path | None = None
+    """a prebuilt faiss index file whose row i is line i of --corpus"""
+    corpus: Path | None = None
+    """with --faiss-index: the corpus JSONL ({"id", "contents"}), never loaded into memory"""
+    encoder: str | None = None
+    """with --faiss-index: the query encoder's model folder (default: the packaged MiniLM)"""
+    pooling: Literal["mean", "cls", "pooler"] = "mean"
+    """with --faiss-index: how the encoder pools token states (e5: mean, bge: cls)"""
+    query_prefix: str = ""
+    """with --faiss-index: prepended to queries (e5: 'query: ')"""
+    query_max_length: int = 256
+    """with --faiss-index: truncate queries to this many tokens (Search-R1's default)"""
     host: str = "127.0.0.1"
     """the interface to bind; 0.0.0.0 exposes the server to the network"""
     port: int = 8000
@@ -175,10 +192,35 @@ def _one_line(hit: Hit, width: int = 100) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _serve_retriever(config: ServeConfig) -> Any:
+    """The retriever `serve-retriever` serves: an index directory, or a prebuilt pair.
+
+    Raises:
+        ValueError: neither or both are given, or prebuilt flags without --faiss-index.
+    """
+    if (config.index is None) == (config.faiss_index is None):
+        raise ValueError("pass either --index DIR or --faiss-index FILE --corpus FILE")
+    if config.index is not None:
+        from retrieval.indexes import load_index
+
+        if config.corpus is not None or config.encoder is not None or config.query_prefix:
+            raise ValueError("--corpus, --encoder and --query-prefix go with --faiss-index")
+        return load_index(config.index, mmap=config.mmap)
+    if config.corpus is None:
+        raise ValueError("--faiss-index needs --corpus FILE (the JSONL the index was built over)")
+    from retrieval.prebuilt import PooledEncoder, PrebuiltRetriever
+
+    encoder = PooledEncoder(
+        config.encoder, pooling=config.pooling, max_length=config.query_max_length
+    )
+    return PrebuiltRetriever(
+        config.faiss_index, config.corpus, encoder, query_prefix=config.query_prefix, mmap=True
+    )
+
+
 def serve_retriever(argv: list[str]) -> int:
     """`tracerl serve-retriever --index DIR [--host 127.0.0.1] [--port 8000]`."""
     config = tyro.cli(ServeConfig, args=argv, prog="tracerl serve-retriever")
-    from retrieval.indexes import load_index
     from retrieval.server import create_app, serve
 
     thread_setup = None
@@ -192,7 +234,7 @@ def serve_retriever(argv: list[str]) -> int:
         # faiss's OpenMP count holds per thread only, so the searching thread sets it again
         thread_setup = functools.partial(faiss.omp_set_num_threads, config.threads)
     try:
-        retriever = load_index(config.index, mmap=config.mmap)
+        retriever = _serve_retriever(config)
     except (RetrievalError, ValueError) as err:
         raise SystemExit(f"tracerl serve-retriever: {err}") from err
 

@@ -58,3 +58,143 @@ def test_protocol_search_r1_shows_search_r1_text_and_takes_its_turn_count(flashr
     first = _trajectories(out)[0]["turns"][0]
     assert first["observation"].startswith('\n\n<information>Doc 1(Title: "')
     assert first["observation"].endswith("</information>\n\n")
+
+
+def _naive_args(flashrag: Path, out: Path, *extra: str) -> list[str]:
+    files = [str(flashrag / "flashrag" / n / "test.jsonl") for n in QUESTIONS]
+    corpus = str(flashrag / "wiki18.jsonl")
+    run = ["--agent", "naive", "--out", str(out), "--no-progress", *extra]
+    return ["--data-file", *files, "--corpus", corpus, *run]
+
+
+def test_flashrag_folders_name_the_datasets_and_the_console_shows_them(
+    flashrag: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = flashrag / "out"
+    assert bench(_naive_args(flashrag, out, "--limit", "2")) == 0
+    by_dataset = json.loads((out / "report.json").read_text())["reports"][0]["by_dataset"]
+    assert {k: v["n"] for k, v in by_dataset.items()} == {"nq": 2, "bamboogle": 2}
+    printed = capsys.readouterr().out
+    assert "tracerl bench: per dataset" in printed
+    assert "retrieval: BM25Retriever over" in printed and "3 documents, top-3" in printed
+    assert "acc is sub-EM, FlashRAG's `acc`" in printed
+
+
+def test_name_is_given_once_per_file(flashrag: Path) -> None:
+    out = flashrag / "named"
+    assert bench([*_naive_args(flashrag, out), "--name", "nq-open", "bb"]) == 0
+    by_dataset = json.loads((out / "report.json").read_text())["reports"][0]["by_dataset"]
+    assert set(by_dataset) == {"nq-open", "bb"}
+    with pytest.raises((ValueError, SystemExit)):
+        bench([*_naive_args(flashrag, out), "--name", "only-one"])
+
+
+def test_limit_counts_per_dataset_across_its_files(flashrag: Path) -> None:
+    rows = QUESTIONS["nq"]
+    parts = []
+    for i, chunk in enumerate((rows[:1], rows[1:])):
+        folder = flashrag / f"split{i}" / "nq"
+        folder.mkdir(parents=True)
+        lines = [json.dumps({"id": r[0], "question": r[1], "golden_answers": r[2]}) for r in chunk]
+        (folder / "dev.jsonl").write_text("\n".join(lines) + "\n")
+        parts.append(str(folder / "dev.jsonl"))
+    out = flashrag / "limited"
+    args = ["--data-file", *parts, "--corpus", str(flashrag / "wiki18.jsonl"), "--agent", "naive"]
+    assert bench([*args, "--limit", "2", "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "report.json").read_text())["reports"][0]
+    assert report["by_dataset"]["nq"]["n"] == 2  # not 1 + 2 = 3 (a limit per file)
+
+
+def test_an_oracle_without_a_plan_is_refused(
+    flashrag: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    args = _naive_args(flashrag, flashrag / "oracle")
+    args[args.index("naive")] = "oracle"
+    assert bench(args) == 2
+    assert "no question has a plan" in caplog.text
+
+
+def _comparable(report: dict) -> dict:
+    """A report without what two runs into two folders must differ in: time, --out."""
+    meta = {k: v for k, v in report["meta"].items() if k not in ("created_at", "command")}
+    meta["config"] = {k: v for k, v in meta["config"].items() if k != "out"}
+    return {**report, "meta": meta}
+
+
+def test_a_failed_run_writes_a_partial_report_and_resume_finishes_it_identically(
+    flashrag: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import benchmarks.cli as cli
+    from envs.errors import RetrievalFailedError
+
+    fresh = flashrag / "fresh"
+    assert bench(_naive_args(flashrag, fresh)) == 0
+    real_evaluate = cli.evaluate
+
+    def failing(*args, on_episode, **kwargs):  # the retriever dies after three episodes
+        def count(record) -> None:
+            on_episode(record)
+            failing.n += 1
+            if failing.n == 3:
+                raise RetrievalFailedError("the retriever failed: connection refused")
+
+        return real_evaluate(*args, on_episode=count, **kwargs)
+
+    failing.n = 0
+    monkeypatch.setattr(cli, "evaluate", failing)
+    out = flashrag / "stopped"
+    capsys.readouterr()
+    assert bench(_naive_args(flashrag, out)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stopped after 3 of 5 episodes" in err[0] and "--resume" in err[0]
+    partial = json.loads((out / "report.json").read_text())
+    assert partial["meta"]["partial"]["n_done"] == 3
+    assert partial["reports"][0]["overall"]["n"] == 3
+    assert "PARTIAL REPORT" in (out / "report.md").read_text()
+    assert len((out / "trajectories.jsonl").read_text().splitlines()) == 3
+
+    monkeypatch.setattr(cli, "evaluate", real_evaluate)
+    with (out / "trajectories.jsonl").open("a") as handle:
+        handle.write('{"agent": "naive", "task_id": "nq-')  # a line cut by a kill
+    assert bench([*_naive_args(flashrag, out), "--resume"]) == 0
+    resumed = json.loads((out / "report.json").read_text())
+    uninterrupted = json.loads((fresh / "report.json").read_text())
+    assert _comparable(resumed) == _comparable(uninterrupted)
+    assert resumed["meta"]["command"] == uninterrupted["meta"]["command"].replace(
+        "/fresh ", "/stopped "
+    )  # without --resume: the command of the run
+    markdown = (fresh / "report.md").read_text().replace("/fresh ", "/stopped ")
+    assert (out / "report.md").read_text() == markdown
+    assert (out / "trajectories.jsonl").read_text() == (fresh / "trajectories.jsonl").read_text()
+
+
+def test_resume_refuses_another_command_or_an_empty_folder(
+    flashrag: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = flashrag / "run"
+    assert bench([*_naive_args(flashrag, out), "--resume"]) == 2
+    assert "holds no run to resume" in caplog.text
+    assert bench(_naive_args(flashrag, out, "--limit", "1")) == 0
+    assert bench([*_naive_args(flashrag, out), "--resume"]) == 2
+    assert "differs in --limit" in caplog.text
+
+
+def test_recall_against_a_server_with_other_ids_is_unknown_not_zero() -> None:
+    from benchmarks.cli import _mark_unknown_recall
+    from benchmarks.evaluation import EpisodeRecord, Report
+    from benchmarks.report import markdown_table
+
+    class Server:  # like HTTPRetriever: no local documents
+        index_id = "http-x"
+
+    episode = EpisodeRecord(
+        task_id="q", dataset="d", question="?", golden_answers=("a",), question_type="t",
+        n_hops=2, answer="a", em=1.0, sub_em=1.0, f1=1.0, end="answer", n_tool_calls=1,
+        n_tokens=0, retrieved_doc_ids=("17", "4"), supporting_doc_ids=("p-0123456789abcdef",),
+        turns=(),
+    )  # fmt: skip
+    reports = [Report(agent="x", episodes=(episode,))]
+    assert reports[0].overall.recall == 0.0  # what the old code reported
+    assert _mark_unknown_recall(reports, Server())
+    assert reports[0].overall.recall is None
+    assert markdown_table(reports, "overall").splitlines()[-1].endswith("| – |")
