@@ -2,6 +2,8 @@
 
 It speaks `POST {url}/retrieve` with `{"queries", "topk", "return_scores": true}`, so it works
 with `tracerl serve-retriever` and with Search-R1's own servers (e.g. a wiki-18 e5 server).
+`protocol="skyrl-gym"` or `"gem"` speaks those peers' variants instead (one query per request;
+GEM's in msgpack; see `retrieval.protocol`), so trace-rl's envs run against their servers too.
 
 Retry policy (the one place retries live, STYLE §2.4): a connection error, a timeout, a 5xx or
 a 429 is retried up to `max_attempts` attempts in all, sleeping
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import os
 import random
@@ -29,7 +32,7 @@ import httpx
 
 from retrieval.base import Hit, check_k, check_queries
 from retrieval.errors import RequestRejected, RetrievalError, RetrieverUnavailable
-from retrieval.protocol import parse_result
+from retrieval.protocol import PROTOCOLS, Protocol, encode_request, parse_response
 
 __all__ = ["HTTPRetriever"]
 
@@ -56,6 +59,9 @@ class HTTPRetriever:
         max_connections: the connection pool size.
         index_id: the index id to report; None asks the server's `/health` once (and, for a
             server without `/health`, derives one from the URL).
+        protocol: the server's dialect: `"search-r1"` (batches; `tracerl serve-retriever`
+            and Search-R1's servers), `"skyrl-gym"` (SkyRL's server: one query per JSON
+            request) or `"gem"` (GEM's mosec server: one query per msgpack request).
 
     >>> r = HTTPRetriever("http://127.0.0.1:8000", index_id="bm25-0123456789abcdef")
     >>> r.search(["", "   "], k=3)  # empty queries never reach the server
@@ -74,9 +80,12 @@ class HTTPRetriever:
         max_batch_queries: int = 256,
         max_connections: int = 64,
         index_id: str | None = None,
+        protocol: Protocol = "search-r1",
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if max_attempts < 1 or max_batch_queries < 1 or max_connections < 1:
             raise ValueError("max_attempts, max_batch_queries and max_connections must be >= 1")
         self._url = url.rstrip("/")
@@ -88,7 +97,9 @@ class HTTPRetriever:
         self._max_attempts = max_attempts
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
-        self._max_batch_queries = max_batch_queries
+        self._protocol: Protocol = protocol
+        # the peers' servers take one query per request
+        self._max_batch_queries = max_batch_queries if protocol == "search-r1" else 1
         self._index_id = index_id
         self._lock = threading.Lock()  # guards the lazy index id
         self._client_lock = threading.Lock()  # guards the lazy connection pools
@@ -137,8 +148,13 @@ class HTTPRetriever:
         Raises:
             RetrieverUnavailable: after the retry budget.
             RequestRejected: the server has no `/health` (4xx).
+            RetrievalError: the answer is not JSON.
         """
-        return self._with_retries("GET", "/health", None)
+        content = self._with_retries("GET", "/health", None)
+        try:
+            return json.loads(content)
+        except ValueError as err:
+            raise RetrievalError(f"GET {self._url}/health returned non-JSON ({err})") from err
 
     # -- sync ------------------------------------------------------------------------------
 
@@ -150,26 +166,28 @@ class HTTPRetriever:
             ValueError: `k` is not a positive integer.
             RetrieverUnavailable: the server did not answer within the retry budget.
             RequestRejected: the server refused the request (a 4xx; e.g. a query too long).
-            RetrievalError: the server's answer is not Search-R1's response format.
+            RetrievalError: the server's answer is not the protocol's response format.
         """
         queries, k = check_queries(queries), check_k(k)
         sent = [q for q in queries if q.strip()]
         rows: list[list[Hit]] = []
         for start in range(0, len(sent), self._max_batch_queries):
             chunk = sent[start : start + self._max_batch_queries]
-            payload = {"queries": chunk, "topk": k, "return_scores": True}
-            rows += parse_result(
-                self._with_retries("POST", "/retrieve", payload), len(chunk), source=self._source
+            content = self._with_retries(
+                "POST", "/retrieve", encode_request(chunk, k, self._protocol)
             )
+            rows += parse_response(content, len(chunk), self._protocol, source=self._source)
         return self._place(queries, rows)
 
-    def _with_retries(self, method: str, path: str, payload: Any) -> Any:
+    def _with_retries(self, method: str, path: str, body: _Body | None) -> bytes:
         last: BaseException | None = None
         for attempt in range(self._max_attempts):
             if attempt:
                 time.sleep(self._sleep_s(attempt))
             try:
-                response = self._sync_client().request(method, self._url + path, json=payload)
+                response = self._sync_client().request(
+                    method, self._url + path, **_request_kwargs(body)
+                )
                 return self._decode(method, path, response)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
@@ -206,24 +224,26 @@ class HTTPRetriever:
         ]
         responses = await asyncio.gather(
             *(
-                self._awith_retries("/retrieve", {"queries": c, "topk": k, "return_scores": True})
+                self._awith_retries("/retrieve", encode_request(c, k, self._protocol))
                 for c in chunks
             )
         )
         rows = [
             row
-            for chunk, body in zip(chunks, responses, strict=True)
-            for row in parse_result(body, len(chunk), source=self._source)
+            for chunk, content in zip(chunks, responses, strict=True)
+            for row in parse_response(content, len(chunk), self._protocol, source=self._source)
         ]
         return self._place(queries, rows)
 
-    async def _awith_retries(self, path: str, payload: Any) -> Any:
+    async def _awith_retries(self, path: str, body: _Body) -> bytes:
         last: BaseException | None = None
         for attempt in range(self._max_attempts):
             if attempt:
                 await asyncio.sleep(self._sleep_s(attempt))
             try:
-                response = await self._async_client().post(self._url + path, json=payload)
+                response = await self._async_client().post(
+                    self._url + path, **_request_kwargs(body)
+                )
                 return self._decode("POST", path, response)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
@@ -250,7 +270,7 @@ class HTTPRetriever:
             "timeout_s / max_attempts."
         )
 
-    def _decode(self, method: str, path: str, response: httpx.Response) -> Any:
+    def _decode(self, method: str, path: str, response: httpx.Response) -> bytes:
         if response.status_code in _RETRY_STATUS:
             raise _Retryable(f"HTTP {response.status_code}: {_detail(response)}")
         if response.status_code >= 400:
@@ -258,10 +278,7 @@ class HTTPRetriever:
                 f"{method} {self._url}{path} was rejected with HTTP {response.status_code}: "
                 f"{_detail(response)}"
             )
-        try:
-            return response.json()
-        except ValueError as err:
-            raise RetrievalError(f"{method} {self._url}{path} returned non-JSON ({err})") from err
+        return response.content
 
     @staticmethod
     def _place(queries: list[str], rows: list[list[Hit]]) -> list[list[Hit]]:
@@ -288,7 +305,20 @@ class HTTPRetriever:
         self.close()
 
     def __repr__(self) -> str:
-        return f"HTTPRetriever({self._url!r})"
+        if self._protocol == "search-r1":
+            return f"HTTPRetriever({self._url!r})"
+        return f"HTTPRetriever({self._url!r}, protocol={self._protocol!r})"
+
+
+_Body = tuple[bytes, str | None]
+"""A request body and its content type (None: send none, as GEM's client does)."""
+
+
+def _request_kwargs(body: _Body | None) -> dict[str, Any]:
+    if body is None:
+        return {}
+    content, content_type = body
+    return {"content": content, "headers": {"content-type": content_type} if content_type else {}}
 
 
 def _detail(response: httpx.Response) -> str:

@@ -6,18 +6,20 @@ Endpoints:
   `{"queries": [str], "topk": int | null, "return_scores": bool}`; response
   `{"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}` with scores, or
   `{"result": [[{"id", "contents"}, ...], ...]}` without (`contents` is `"Title"\\ntext`).
+  The same route also takes SkyRL-gym's request (`"query": str`) and GEM's (msgpack in,
+  msgpack out, a flat `result`), told apart by content type and body shape, and answers each
+  in kind (`retrieval.protocol`); every variant passes the same validation and limits.
 - `GET /health`: `{"status": "ok", "index_id", "manifest", "limits", "batching", "stats"}`.
 
-Every bad request gets a 4xx with `{"detail": "<what is wrong and the limit>"}` and never a 500:
-413 for a body over `max_body_bytes`, 422 for a body that is not UTF-8 or not JSON, for wrong
-field types, for an empty query list or an empty query, for too many queries, a query over
-`max_query_chars` or a `topk` over `max_topk`. 503 (with `Retry-After`) means the queue is
-full. The server binds 127.0.0.1 unless told otherwise.
+Every bad request, in any variant, gets a 4xx with a JSON `{"detail": "<what is wrong and the
+limit>"}` and never a 500: 413 for a body over `max_body_bytes`, 422 for a body that is not
+UTF-8 JSON or msgpack, for wrong field types, for an empty query list or an empty query, for
+too many queries, a query over `max_query_chars` or a `topk` over `max_topk`. 503 (with
+`Retry-After`) means the queue is full. The server binds 127.0.0.1 unless told otherwise.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -32,7 +34,7 @@ from retrieval.base import Retriever
 from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
 from retrieval.errors import InvalidRequest
 from retrieval.manifest import IndexManifest
-from retrieval.protocol import ServerLimits, parse_request, render_result
+from retrieval.protocol import ServerLimits, parse_request, render_response
 
 __all__ = ["create_app", "serve"]
 
@@ -87,15 +89,15 @@ def create_app(
     async def retrieve(request: Request) -> Response:
         body = await _read_body(request, limits.max_body_bytes)
         try:
-            req = parse_request(body, limits)
+            req = parse_request(body, limits, content_type=request.headers.get("content-type"))
         except InvalidRequest as err:
             raise HTTPException(err.status, err.detail) from None
         try:
             rows = await batcher.search(req.queries, req.topk)
         except ServerBusy as err:
             raise HTTPException(503, str(err), headers={"Retry-After": "1"}) from None
-        content = json.dumps(render_result(rows, return_scores=req.return_scores))
-        return Response(content=content, media_type="application/json")
+        content, media_type = render_response(rows, req)
+        return Response(content=content, media_type=media_type)
 
     @app.get("/health")
     async def health() -> JSONResponse:
