@@ -183,10 +183,14 @@ def normalize_query(query: str) -> str:
     return _WHITESPACE.sub(" ", unicodedata.normalize("NFKC", text).lower()).strip()
 
 
-def check_queries(queries: Sequence[str]) -> list[str]:
+def check_queries(queries: Sequence[str], *, text: bool = True) -> list[str]:
     """Validate a batch of queries; return it as a list.
 
     Every retriever, local or remote, applies this same rule, so they refuse the same inputs.
+
+    Args:
+        queries: the batch.
+        text: also refuse surrogate code points (False for a caller that normalises them away).
 
     Raises:
         TypeError: `queries` is a bare string (a common slip: it is a Sequence of characters),
@@ -201,7 +205,7 @@ def check_queries(queries: Sequence[str]) -> list[str]:
     for i, query in enumerate(out):
         if not isinstance(query, str):
             raise TypeError(f"queries[{i}] is a {type(query).__name__}, expected str")
-        found = _SURROGATE.search(query)
+        found = _SURROGATE.search(query) if text else None
         if found:
             raise ValueError(
                 f"queries[{i}] holds the lone surrogate U+{ord(found.group()):04X} at "

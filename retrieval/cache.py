@@ -109,7 +109,7 @@ class CachedRetriever:
             ValueError: `k` is not a positive integer.
             RetrievalError: whatever the inner retriever raises; nothing is cached then.
         """
-        keys = [normalize_query(q) for q in check_queries(queries)]
+        keys = [normalize_query(q) for q in check_queries(queries, text=False)]
         k = check_k(k)
         found: dict[str, tuple[Hit, ...]] = {}
         with self._lock:
