@@ -241,13 +241,16 @@ def serve_retriever(argv: list[str]) -> int:
     def announce(url: str) -> None:
         print(f"retriever ready at {url} (index {retriever.index_id})", flush=True)
 
-    app = create_app(
-        retriever,
-        manifest=retriever.manifest,
-        limits=config.limits,
-        batching=config.batching,
-        thread_setup=thread_setup,
-    )
+    try:
+        app = create_app(
+            retriever,
+            manifest=retriever.manifest,
+            limits=config.limits,
+            batching=config.batching,
+            thread_setup=thread_setup,
+        )
+    except ValueError as err:
+        raise SystemExit(f"tracerl serve-retriever: {err}") from err
     try:
         serve(app, host=config.host, port=config.port, on_ready=announce)
     except OSError as err:

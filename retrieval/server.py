@@ -29,6 +29,7 @@ from dataclasses import asdict
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from retrieval.base import Retriever
 from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
@@ -70,9 +71,19 @@ def create_app(
         limits: request limits.
         batching: micro-batching settings.
         thread_setup: run once in the thread that searches (see `MicroBatcher`).
+
+    Raises:
+        ValueError: `batching.max_pending_queries` is below `limits.max_queries_per_request`.
     """
     limits = limits or ServerLimits()
     batching = batching or BatchingConfig()
+    if batching.max_pending_queries < limits.max_queries_per_request:
+        # a request the limits allow would then find the queue "full" forever: a 503 loop
+        raise ValueError(
+            f"batching.max_pending_queries={batching.max_pending_queries} is below "
+            f"limits.max_queries_per_request={limits.max_queries_per_request}: the largest "
+            "allowed request could never be queued; raise the first or lower the second"
+        )
     batcher = MicroBatcher(retriever, batching, thread_setup=thread_setup)
 
     @asynccontextmanager
@@ -87,7 +98,11 @@ def create_app(
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
-        body = await _read_body(request, limits.max_body_bytes)
+        try:
+            body = await _read_body(request, limits.max_body_bytes)
+        except ClientDisconnect:  # routine (a client timed out or was killed): one line, no trace
+            log.info("a client disconnected before sending its whole request")
+            return Response(status_code=400)  # nobody reads it
         try:
             req = parse_request(body, limits, content_type=request.headers.get("content-type"))
         except InvalidRequest as err:

@@ -54,9 +54,7 @@ def test_a_lone_surrogate_is_searched_as_u_fffd_on_both(env_pair):
         assert got[4]["valid_action"] is True
 
 
-def test_every_retriever_refuses_a_surrogate_alike_and_a_cache_normalises_it(
-    toy_server, toy_bm25
-):
+def test_every_retriever_refuses_a_surrogate_alike_and_a_cache_normalises_it(toy_server, toy_bm25):
     with HTTPRetriever(toy_server.url, max_attempts=1) as remote:
         for retriever in (toy_bm25, remote):
             with pytest.raises(ValueError, match="lone surrogate U\\+D800"):
