@@ -410,6 +410,25 @@ class HTTPAgent:
             "sampling": _sampling_json(self.sampling),
         }
 
+    def check_endpoint(self) -> None:
+        """Fail before the run if the endpoint is down or does not serve this model.
+
+        Raises:
+            EndpointError: the endpoint does not answer.
+            EndpointRejected: it refuses the key, or does not list the model.
+        """
+        served = self.client.models()
+        if served is None:
+            log.info("%s has no /models; the model name is checked by the first request",
+                     self.client.config.api_root)  # fmt: skip
+            return
+        if self.client.config.model not in served:
+            raise EndpointRejected(
+                f"{self.client.config.api_root} does not serve model "
+                f"{self.client.config.model!r}; it serves {', '.join(served) or 'nothing'} "
+                "(pass one of them to --model)"
+            )
+
     def start(self, prompt: str, info: Mapping[str, Any]) -> _TextState:
         """The transcript starts with the prompt."""
         text = prompt if self.prompt_wrapper is None else self.prompt_wrapper(prompt)

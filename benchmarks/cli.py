@@ -83,8 +83,8 @@ class DataArgs:
     format: FormatName | None = None
     """Force a file format instead of detecting it from the content."""
     name: tuple[str, ...] = ()
-    """Dataset names to report, one per `--data-file`, in order (default: a FlashRAG folder
-    layout's folder name, `DIR/<name>/<split>.jsonl`, else the format's name)."""
+    """Dataset names to report, one per `--data-file`, in order; unset: a FlashRAG folder
+    layout's folder name (`DIR/<name>/<split>.jsonl`), else the format's name."""
     split: str | None = None
     """Hub split to load instead of the registry's (test, else dev); for `synthetic`: all,
     train, dev, test or test_entities."""
@@ -215,12 +215,20 @@ class CorpusConfig(DataArgs):
     """Output folder."""
     index: Literal["bm25", "none"] = "bm25"
     """Index to build over the corpus."""
+    overwrite: bool = False
+    """Replace a corpus (and index) already in --out."""
 
 
 def corpus(argv: list[str]) -> int:
     """`tracerl corpus`: build a corpus (and a BM25 index) from datasets' paragraphs."""
     config = tyro.cli(CorpusConfig, args=argv, prog="tracerl corpus")
     try:
+        existing = [p for p in (config.out / "corpus.jsonl", config.out / "bm25") if p.exists()]
+        if existing and not config.overwrite:
+            raise BenchmarkError(
+                f"{existing[0]} already exists; pass --overwrite to replace it, or choose "
+                "another --out"
+            )
         data = load_data(config, allow_synthetic=False)
         build = build_corpus(data.parts)
     except BenchmarkError as err:
@@ -260,7 +268,7 @@ class AgentArgs:
     api: Literal["completions", "chat"] = "completions"
     """openai: `completions` (the transcript as one text, Search-R1's protocol) or `chat`."""
     api_key: str | None = None
-    """openai: the API key (default: $OPENAI_API_KEY)."""
+    """openai: the API key; unset reads $OPENAI_API_KEY."""
     extensions: Literal["vllm", "none"] = "vllm"
     """openai: send vLLM's extra fields (`none` for hosted APIs that reject unknown fields)."""
     temperature: float = 0.0
@@ -288,7 +296,7 @@ class AgentArgs:
     epsilon: float = 0.0
     """oracle on the synthetic world: noise rate (wrong queries and answers)."""
     prompt_template: str | None = None
-    """The prompt, with a literal `{question}` (default: Search-R1's instruction prompt)."""
+    """The prompt, with a literal `{question}`; unset: Search-R1's instruction prompt."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -531,6 +539,11 @@ def make_agent(
             sampling,
             api=args.api,
             prompt_wrapper=_chat_wrapper(args, protocol),
+        )
+    if not Path(args.model).is_dir():
+        raise BenchmarkError(
+            f"--model {args.model}: no such model folder; --agent {kind} loads a local folder "
+            "(for a model behind a server, use --agent openai --model NAME --base-url URL)"
         )
     settings = {"backend": kind, "model": args.model}
     if kind == "transformers":

@@ -32,11 +32,14 @@ import difflib
 import hashlib
 import json
 import logging
+import os
 import re
+import socket
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from benchmarks.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
 from envs.tasks import Paragraph, QATask, TaskSet
@@ -700,6 +703,33 @@ def _hub_error_hint(repo: str, config: str | None, split: str) -> str:
     )
 
 
+def _check_hub_reachable(repo: str, config: str | None, split: str) -> None:
+    """Fail in seconds when the hub cannot be reached, rather than after `datasets`' retries.
+
+    Offline without HF_HUB_OFFLINE, `datasets` spends about 30 s in connection retries before
+    it gives up; one TCP connect with a short timeout tells the same at once.
+
+    Raises:
+        DatasetUnavailable: the hub's host does not accept a connection.
+    """
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return  # `datasets` itself fails at once, with the cache's answer
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return  # the hub is reached through a proxy; a direct connect proves nothing
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host = endpoint.hostname or "huggingface.co"
+    port = endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=_HUB_CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        raise DatasetUnavailable(
+            f"{_hub_error_hint(repo, config, split)} Cause: cannot connect to {host}:{port} ({err})"
+        ) from err
+
+
+_HUB_CONNECT_TIMEOUT_S = 3.0  # a reachable hub answers a TCP connect in well under a second
+
+
 def load_hub(
     repo: str,
     *,
@@ -728,6 +758,8 @@ def load_hub(
         UnknownNameError: the repo has no such config or split.
         DatasetFormatError: the records are not in the format.
     """
+    if not Path(repo).is_dir():
+        _check_hub_reachable(repo, config, split)
     import datasets  # heavy; only this path needs it
 
     try:

@@ -149,7 +149,7 @@ class PlotConfig:
     run_dir: tyro.conf.Positional[Path]
     """A `tracerl train` run directory."""
     out: Path | None = None
-    """Image path (default RUN_DIR/curves.png)."""
+    """Image path; unset: RUN_DIR/curves.png."""
 
 
 def plot(argv: list[str]) -> int:

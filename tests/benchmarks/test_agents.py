@@ -388,6 +388,10 @@ class SearchR1Stub:
             finally:
                 self.in_flight -= 1
 
+        @app.get("/v1/models")
+        async def models() -> JSONResponse:
+            return JSONResponse({"object": "list", "data": [{"id": "stub", "object": "model"}]})
+
         @app.post("/v1/completions")
         async def completions(request: Request) -> JSONResponse:
             return await handle(request, chat=False)
@@ -501,7 +505,7 @@ def test_tracerl_bench_with_an_openai_compatible_server(
     assert len(stub.requests) == 4
 
 
-def test_tracerl_bench_reports_an_unreachable_server(tmp_path, toy_files, caplog) -> None:
+def test_tracerl_bench_reports_an_unreachable_server(tmp_path, toy_files, capsys, caplog) -> None:
     tasks, corpus = toy_files
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))
@@ -510,5 +514,20 @@ def test_tracerl_bench_reports_an_unreachable_server(tmp_path, toy_files, caplog
     args = ["--agent", "openai", "--model", "m", "--base-url", f"http://127.0.0.1:{port}/v1",
             "--max-retries", "0", "--data-file", str(tasks), "--corpus", str(corpus),
             "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
+    assert bench(args) == 2  # GET /v1/models fails before any episode
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot reach http://127.0.0.1:{port}/v1" in err[0]
+    assert "retry" not in caplog.text  # one clear line, no warning per request
+
+
+def test_bench_checks_the_served_model_before_the_run(stub_server, tmp_path, toy_files, capsys):
+    url, stub = stub_server
+    tasks, corpus = toy_files
+    args = ["--agent", "openai", "--model", "not-served", "--base-url", url,
+            "--data-file", str(tasks), "--corpus", str(corpus), "--out", str(tmp_path / "o"),
+            "--no-progress"]  # fmt: skip
     assert bench(args) == 2
-    assert f"POST http://127.0.0.1:{port}/v1/completions failed 1 times" in caplog.text
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tracerl bench: {url} does not serve model 'not-served'; it serves stub "
+                   "(pass one of them to --model)"]  # fmt: skip
+    assert stub.requests == []  # no completion was asked for
