@@ -61,6 +61,7 @@ from envs.snapshot import (
 )
 from envs.tasks import QATask, TaskSet
 from retrieval.base import Hit, Retriever
+from retrieval.deadline import deadline
 
 __all__ = ["SearchQAConfig", "SearchQAEnv"]
 
@@ -97,6 +98,10 @@ class SearchQAConfig:
             (the trace-rl protocol; the search-r1 protocol never cuts).
         protocol: "trace-rl" (ours) or "search-r1" (Search-R1's observation text, invalid-action
             message and action parsing, byte for byte; see `envs.protocol`).
+        retrieval_deadline_s: the most one step may spend on retrieval, every retry of a
+            remote retriever included (`retrieval.deadline`); past it the step raises
+            `RetrievalFailedError` and the env is unchanged. None: only the retriever's own
+            timeouts and retries bound it (4 x 30 s by default for `HTTPRetriever`).
     """
 
     max_turns: int = 4
@@ -106,6 +111,7 @@ class SearchQAConfig:
     prompt_template: str = DEFAULT_PROMPT_TEMPLATE
     max_doc_chars: int = 2_000
     protocol: Protocol = "trace-rl"
+    retrieval_deadline_s: float | None = 10.0  # a hung server costs a step 10 s, not 120 s
 
     def __post_init__(self) -> None:
         if self.max_turns < 2:
@@ -120,6 +126,10 @@ class SearchQAConfig:
             raise EnvConfigError("prompt_template has no {question} placeholder")
         if self.max_doc_chars < 1:
             raise EnvConfigError(f"max_doc_chars={self.max_doc_chars}: must be >= 1")
+        if self.retrieval_deadline_s is not None and not self.retrieval_deadline_s > 0:
+            raise EnvConfigError(
+                f"retrieval_deadline_s={self.retrieval_deadline_s}: must be > 0 s, or None"
+            )
         if self.protocol not in PROTOCOLS:
             raise EnvConfigError(f"protocol={self.protocol!r}: choose one of {PROTOCOLS}")
         if self.protocol == "search-r1":
@@ -193,6 +203,8 @@ class SearchQAEnv(gym.Env[str, str]):
         max_doc_chars: cut each document's text to this many characters; None takes the
             largest value whose observations fit the text space.
         protocol: "trace-rl" or "search-r1" (`SearchQAConfig.protocol`).
+        retrieval_deadline_s: the most one step may spend on retrieval (default 10 s; None: no
+            overall bound); `SearchQAConfig.retrieval_deadline_s`.
 
     Raises:
         EnvConfigError: an argument is out of range, or `tasks` is empty.
@@ -232,6 +244,7 @@ class SearchQAEnv(gym.Env[str, str]):
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
         max_doc_chars: int | None = 2_000,
         protocol: Protocol = "trace-rl",
+        retrieval_deadline_s: float | None = 10.0,
     ) -> None:
         if not isinstance(tasks, TaskSet):
             tasks = TaskSet(tasks)
@@ -249,6 +262,7 @@ class SearchQAEnv(gym.Env[str, str]):
                 else max_doc_chars
             ),
             protocol=protocol,
+            retrieval_deadline_s=retrieval_deadline_s,
         )
         # Text builds a per-character index (~1 ms); forks copy this template in O(1) instead.
         template = Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
@@ -487,7 +501,8 @@ class SearchQAEnv(gym.Env[str, str]):
     def _search(self, query: str) -> tuple[Hit, ...]:
         k = self._shared.config.top_k
         try:
-            results = self._shared.retriever.search([query], k)
+            with deadline(self._shared.config.retrieval_deadline_s):
+                results = self._shared.retriever.search([query], k)
         except Exception as err:  # any retriever failure becomes one typed error
             raise RetrievalFailedError(
                 f"the retriever failed on query {query[:200]!r} (k={k}): {err!r}. The env is "
@@ -508,7 +523,8 @@ class SearchQAEnv(gym.Env[str, str]):
     def _index_id(self) -> str:
         """The retriever's index id; a remote retriever's failure becomes a typed error."""
         try:
-            return self._shared.retriever.index_id
+            with deadline(self._shared.config.retrieval_deadline_s):
+                return self._shared.retriever.index_id
         except Exception as err:  # e.g. RetrieverUnavailable before /health ever answered
             raise RetrievalFailedError(
                 f"the retriever cannot tell its index id: {err!r}. The env is unchanged; "
@@ -632,8 +648,8 @@ class SearchQAEnv(gym.Env[str, str]):
 
     def _warn_on_other_index(self, index_id: str) -> None:
         try:
-            current = self._shared.retriever.index_id
-        except Exception:  # a restore never needs the retriever; a down server is no error
+            current = self._index_id()
+        except RetrievalFailedError:  # a restore never needs the retriever: no error here
             return
         if index_id != current:
             log.warning(

@@ -17,6 +17,7 @@ from retrieval.bm25 import BM25Params, BM25Retriever
 from retrieval.cache import CachedRetriever, CacheStats, normalize_query
 from retrieval.client import HTTPRetriever
 from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
+from retrieval.deadline import deadline
 from retrieval.dense import DenseParams, DenseRetriever
 from retrieval.encoder import DEFAULT_ENCODER, SentenceEncoder
 from retrieval.errors import (
@@ -57,6 +58,7 @@ __all__ = [
     "check_k",
     "check_queries",
     "corpus_hash",
+    "deadline",
     "format_contents",
     "index_text",
     "load_index",

@@ -9,6 +9,9 @@ Retry policy (the one place retries live, STYLE §2.4): a connection error, a ti
 a 429 is retried up to `max_attempts` attempts in all, sleeping
 `min(max_backoff_s, backoff_s · 2^attempt)` scaled by a random factor in [0.5, 1] between
 attempts; then `RetrieverUnavailable` names the URL, the attempt count and the last cause.
+An overall deadline bounds one call on top of that: the earlier of `deadline_s` (per call)
+and an enclosing `retrieval.deadline` block (an env step opens one). Every attempt's timeouts
+and every sleep are cut to the time left, and no attempt starts once it has run out.
 A 4xx other than 429 is the caller's mistake and raises `RequestRejected` at once, with the
 server's message. Large batches are split into requests of at most `max_batch_queries`
 queries (sent concurrently by `asearch`). A query that is empty after stripping gets no hits
@@ -31,6 +34,7 @@ from typing import Any
 import httpx
 
 from retrieval.base import Hit, check_k, check_queries
+from retrieval.deadline import deadline_at
 from retrieval.errors import RequestRejected, RetrievalError, RetrieverUnavailable
 from retrieval.protocol import PROTOCOLS, Protocol, encode_request, parse_response
 
@@ -59,6 +63,9 @@ class HTTPRetriever:
         max_connections: the connection pool size.
         index_id: the index id to report; None asks the server's `/health` once (and, for a
             server without `/health`, derives one from the URL).
+        deadline_s: the overall time one `search` call may take, all attempts and sleeps
+            included; None leaves it to `max_attempts` and the timeouts (and to an enclosing
+            `retrieval.deadline` block, which applies either way).
         protocol: the server's dialect: `"search-r1"` (batches; `tracerl serve-retriever`
             and Search-R1's servers), `"skyrl-gym"` (SkyRL's server: one query per JSON
             request) or `"gem"` (GEM's mosec server: one query per msgpack request).
@@ -80,6 +87,7 @@ class HTTPRetriever:
         max_batch_queries: int = 256,
         max_connections: int = 64,
         index_id: str | None = None,
+        deadline_s: float | None = None,
         protocol: Protocol = "search-r1",
     ) -> None:
         if not url.startswith(("http://", "https://")):
@@ -88,8 +96,13 @@ class HTTPRetriever:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if max_attempts < 1 or max_batch_queries < 1 or max_connections < 1:
             raise ValueError("max_attempts, max_batch_queries and max_connections must be >= 1")
+        if deadline_s is not None and deadline_s <= 0:
+            raise ValueError(f"deadline_s must be positive or None, got {deadline_s}")
         self._url = url.rstrip("/")
         self._source = f"POST {self._url}/retrieve"
+        self._timeout_s = timeout_s
+        self._connect_timeout_s = connect_timeout_s
+        self._deadline_s = deadline_s
         self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         self._limits = httpx.Limits(
             max_connections=max_connections, max_keepalive_connections=max_connections
@@ -150,7 +163,7 @@ class HTTPRetriever:
             RequestRejected: the server has no `/health` (4xx).
             RetrievalError: the answer is not JSON.
         """
-        content = self._with_retries("GET", "/health", None)
+        content = self._with_retries("GET", "/health", None, self._end())
         try:
             return json.loads(content)
         except ValueError as err:
@@ -169,30 +182,34 @@ class HTTPRetriever:
             RetrievalError: the server's answer is not the protocol's response format.
         """
         queries, k = check_queries(queries), check_k(k)
+        end = self._end()
         sent = [q for q in queries if q.strip()]
         rows: list[list[Hit]] = []
         for start in range(0, len(sent), self._max_batch_queries):
             chunk = sent[start : start + self._max_batch_queries]
             content = self._with_retries(
-                "POST", "/retrieve", encode_request(chunk, k, self._protocol)
+                "POST", "/retrieve", encode_request(chunk, k, self._protocol), end
             )
             rows += parse_response(content, len(chunk), self._protocol, source=self._source)
         return self._place(queries, rows)
 
-    def _with_retries(self, method: str, path: str, body: _Body | None) -> bytes:
+    def _with_retries(self, method: str, path: str, body: _Body | None, end: float | None) -> bytes:
         last: BaseException | None = None
         for attempt in range(self._max_attempts):
             if attempt:
-                time.sleep(self._sleep_s(attempt))
+                time.sleep(self._sleep_s(attempt, end))
+            timeout = self._attempt_timeout(end)
+            if timeout is None:
+                raise self._unavailable(method, path, last, attempt)
             try:
                 response = self._sync_client().request(
-                    method, self._url + path, **_request_kwargs(body)
+                    method, self._url + path, timeout=timeout, **_request_kwargs(body)
                 )
                 return self._decode(method, path, response)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
                 log.debug("%s %s%s attempt %d failed: %r", method, self._url, path, attempt, err)
-        raise self._unavailable(method, path, last)
+        raise self._unavailable(method, path, last, self._max_attempts)
 
     def _sync_client(self) -> httpx.Client:
         with self._client_lock:
@@ -217,6 +234,7 @@ class HTTPRetriever:
             Same as `search`.
         """
         queries, k = check_queries(queries), check_k(k)
+        end = self._end()
         sent = [q for q in queries if q.strip()]
         chunks = [
             sent[i : i + self._max_batch_queries]
@@ -224,7 +242,7 @@ class HTTPRetriever:
         ]
         responses = await asyncio.gather(
             *(
-                self._awith_retries("/retrieve", encode_request(c, k, self._protocol))
+                self._awith_retries("/retrieve", encode_request(c, k, self._protocol), end)
                 for c in chunks
             )
         )
@@ -235,20 +253,23 @@ class HTTPRetriever:
         ]
         return self._place(queries, rows)
 
-    async def _awith_retries(self, path: str, body: _Body) -> bytes:
+    async def _awith_retries(self, path: str, body: _Body, end: float | None) -> bytes:
         last: BaseException | None = None
         for attempt in range(self._max_attempts):
             if attempt:
-                await asyncio.sleep(self._sleep_s(attempt))
+                await asyncio.sleep(self._sleep_s(attempt, end))
+            timeout = self._attempt_timeout(end)
+            if timeout is None:
+                raise self._unavailable("POST", path, last, attempt)
             try:
                 response = await self._async_client().post(
-                    self._url + path, **_request_kwargs(body)
+                    self._url + path, timeout=timeout, **_request_kwargs(body)
                 )
                 return self._decode("POST", path, response)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
                 log.debug("POST %s%s attempt %d failed: %r", self._url, path, attempt, err)
-        raise self._unavailable("POST", path, last)
+        raise self._unavailable("POST", path, last, self._max_attempts)
 
     def _async_client(self) -> httpx.AsyncClient:
         with self._client_lock:
@@ -259,13 +280,39 @@ class HTTPRetriever:
 
     # -- shared ----------------------------------------------------------------------------
 
-    def _sleep_s(self, attempt: int) -> float:
-        base = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
-        return base * (0.5 + 0.5 * self._jitter.random())
+    def _end(self) -> float | None:
+        """When this call must be over (`time.monotonic()`): its own and the block's deadline."""
+        ends = [deadline_at()]
+        if self._deadline_s is not None:
+            ends.append(time.monotonic() + self._deadline_s)
+        return min((e for e in ends if e is not None), default=None)
 
-    def _unavailable(self, method: str, path: str, last: BaseException | None) -> Exception:
+    def _attempt_timeout(self, end: float | None) -> httpx.Timeout | None:
+        """One attempt's timeouts, cut to the time left; None once none is left."""
+        if end is None:
+            return self._timeout
+        left = end - time.monotonic()
+        if left <= 0:
+            return None
+        return httpx.Timeout(min(self._timeout_s, left), connect=min(self._connect_timeout_s, left))
+
+    def _sleep_s(self, attempt: int, end: float | None) -> float:
+        base = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
+        sleep = base * (0.5 + 0.5 * self._jitter.random())
+        return sleep if end is None else max(0.0, min(sleep, end - time.monotonic()))
+
+    def _unavailable(
+        self, method: str, path: str, last: BaseException | None, attempts: int
+    ) -> Exception:
+        if attempts < self._max_attempts:
+            return RetrieverUnavailable(
+                f"{method} {self._url}{path} failed {attempts} times before its deadline ran "
+                f"out (last: {last!r}). Start a server with `tracerl serve-retriever --index "
+                "DIR`, or allow more time (HTTPRetriever's deadline_s, the env's "
+                "retrieval_deadline_s)."
+            )
         return RetrieverUnavailable(
-            f"{method} {self._url}{path} failed {self._max_attempts} times (last: {last!r}). "
+            f"{method} {self._url}{path} failed {attempts} times (last: {last!r}). "
             "Start a server with `tracerl serve-retriever --index DIR`, or raise the client's "
             "timeout_s / max_attempts."
         )

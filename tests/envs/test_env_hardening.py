@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import socket
+import time
 
 import gymnasium as gym
 import pytest
@@ -89,3 +90,22 @@ def test_the_unforkable_wrapper_advice_runs_and_gives_a_forkable_env():
         assert len(envs.fork(env, 2)) == 2
     finally:
         del gym.registry["trace_rl_test/Checked-v0"]
+
+
+def test_a_hung_server_costs_a_step_its_deadline_not_the_whole_retry_budget():
+    with socket.socket() as hung:  # listens but never accepts: connects succeed, no answer
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        remote = HTTPRetriever(url, index_id="x")  # defaults: 4 attempts of up to 30 s each
+        env = SearchQAEnv(TASKS, remote, max_turns=4, retrieval_deadline_s=0.5)
+        env.reset(seed=0)
+        before = env.snapshot()
+        start = time.monotonic()
+        with pytest.raises(RetrievalFailedError) as info:
+            env.step("<search> Acme </search>")
+        elapsed = time.monotonic() - start
+        remote.close()
+    assert "before its deadline ran out" in str(info.value.__cause__)
+    assert elapsed < 10  # not 120 s (even on a loaded machine); the benchmark times it
+    assert env.snapshot() == before

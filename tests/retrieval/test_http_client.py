@@ -184,3 +184,22 @@ def test_constructor_validates_its_arguments():
         HTTPRetriever("localhost:8000")
     with pytest.raises(ValueError, match=">= 1"):
         HTTPRetriever("http://x", max_attempts=0)
+
+
+def test_a_deadline_ends_the_retries_of_a_hung_server_sync_and_async():
+    from retrieval import deadline
+
+    with socket.socket() as hung:  # listens but never accepts: connects succeed, no answer
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        own = HTTPRetriever(url, index_id="x", deadline_s=0.3)
+        with pytest.raises(RetrieverUnavailable, match="before its deadline ran out"):
+            own.search(["q"], k=1)
+        with pytest.raises(RetrieverUnavailable, match="before its deadline ran out"):
+            asyncio.run(own.asearch(["q"], k=1))
+        block = HTTPRetriever(url, index_id="x")  # no deadline of its own: the block's applies
+        with deadline(0.3), pytest.raises(RetrieverUnavailable, match="deadline ran out"):
+            CachedRetriever(block).search(["q"], k=1)
+        for r in (own, block):
+            r.close()
