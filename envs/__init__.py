@@ -1,7 +1,7 @@
 """Forkable Gymnasium search/QA environments and the synthetic multi-hop world.
 
-Importing this package registers two environment ids (the package's only import-time side
-effect):
+Importing this package registers two environment ids (with the shared-memory guard of
+`envs.spaces`, the package's only import-time side effects):
 
 - `trace_rl/SearchQA-v0`: `gymnasium.make("trace_rl/SearchQA-v0", tasks=..., retriever=...)`;
 - `trace_rl/SyntheticMultiHop-v0`: self-contained, `gymnasium.make(..., world_seed=0)`.

@@ -59,6 +59,7 @@ from envs.snapshot import (
     check_hits,
     check_snapshot_schema,
 )
+from envs.spaces import EnvText
 from envs.tasks import QATask, TaskSet
 from retrieval.base import Hit, Retriever
 from retrieval.deadline import deadline
@@ -265,7 +266,7 @@ class SearchQAEnv(gym.Env[str, str]):
             retrieval_deadline_s=retrieval_deadline_s,
         )
         # Text builds a per-character index (~1 ms); forks copy this template in O(1) instead.
-        template = Text(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
+        template = EnvText(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
         self._shared = _Shared(
             config=config, tasks=tasks, retriever=retriever, space_template=template
         )

@@ -109,3 +109,24 @@ def test_a_hung_server_costs_a_step_its_deadline_not_the_whole_retry_budget():
     assert "before its deadline ran out" in str(info.value.__cause__)
     assert elapsed < 10  # not 120 s (even on a loaded machine); the benchmark times it
     assert env.snapshot() == before
+
+
+def _tiny_env() -> SearchQAEnv:
+    return SearchQAEnv(TASKS, FakeRetriever(DOCS), max_turns=4)
+
+
+def test_async_vector_envs_refuse_shared_memory_clearly_and_work_without_it():
+    from gymnasium.vector import AsyncVectorEnv
+
+    with pytest.raises(envs.EnvConfigError, match=r"shared_memory=False"):
+        AsyncVectorEnv([_tiny_env, _tiny_env])  # returned 65,536 tabs per observation before
+    vector = AsyncVectorEnv([_tiny_env, _tiny_env], shared_memory=False)
+    try:
+        reference = _tiny_env()
+        prompts, _ = vector.reset(seed=[0, 1], options={"task_id": "q1"})
+        assert list(prompts) == [reference.reset(seed=0, options={"task_id": "q1"})[0]] * 2
+        obs, *_ = vector.step(["<search> Acme </search>", "nonsense"])
+        assert obs[0] == reference.step("<search> Acme </search>")[0]
+        assert "My previous action is invalid" in obs[1]
+    finally:
+        vector.close()
