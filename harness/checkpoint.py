@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,21 +92,16 @@ def save_checkpoint(
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
-    tmp = root / f".step_{step:06d}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)  # left by a process killed while writing
-    tmp.mkdir()
-    torch.save(dict(model), tmp / "model.pt")
-    torch.save(dict(optimizer), tmp / "optimizer.pt")
-    torch.save(torch.get_rng_state(), tmp / "rng.pt")
-    np.savez(tmp / "predictor.npz", **{k: np.asarray(v) for k, v in predictor.items()})
-    record = {"schema_version": SCHEMA_VERSION, "step": step, **dict(state)}
-    (tmp / "state.json").write_text(json.dumps(record), encoding="utf-8")
-    for path in tmp.iterdir():
-        _fsync(path)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+
+    def write(tmp: Path) -> None:
+        torch.save(dict(model), tmp / "model.pt")
+        torch.save(dict(optimizer), tmp / "optimizer.pt")
+        torch.save(torch.get_rng_state(), tmp / "rng.pt")
+        np.savez(tmp / "predictor.npz", **{k: np.asarray(v) for k, v in predictor.items()})
+        record = {"schema_version": SCHEMA_VERSION, "step": step, **dict(state)}
+        (tmp / "state.json").write_text(json.dumps(record), encoding="utf-8")
+
+    write_dir_atomic(final, write)
     _write_atomic(root / _LATEST, json.dumps({"step": step, "path": final.name}))
     for old in sorted(root.glob("step_*"))[: -max(keep, 1)]:
         shutil.rmtree(old)
@@ -162,6 +157,25 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
         torch_rng=torch_rng,
         state=state,
     )
+
+
+def write_dir_atomic(final: Path, write: Callable[[Path], None]) -> None:
+    """Fill a directory at once: `write(tmp)` fills a sibling temp dir, which then replaces `final`.
+
+    A process killed at any moment leaves either the old `final` or the new one (and maybe a
+    stale `.NAME.tmp`, cleared on the next call), never a half-written `final`.
+    """
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # left by a process killed while writing
+    tmp.mkdir()
+    write(tmp)
+    for path in tmp.iterdir():
+        _fsync(path)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
 
 
 def _fsync(path: Path) -> None:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["ContextLengthExceeded", "EndpointError", "EndpointRejected", "HarnessError"]
+__all__ = [
+    "ContextLengthExceeded",
+    "EndpointError",
+    "EndpointRejected",
+    "EngineTimeoutError",
+    "HarnessError",
+]
 
 
 class HarnessError(Exception):
@@ -19,3 +25,7 @@ class EndpointRejected(HarnessError, ValueError):
 
 class ContextLengthExceeded(EndpointRejected):
     """An HTTP model endpoint refused a prompt longer than the model's context."""
+
+
+class EngineTimeoutError(HarnessError, TimeoutError):
+    """Generation engines did not answer within their timeout (a hung vLLM engine)."""

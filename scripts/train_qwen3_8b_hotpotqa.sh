@@ -5,7 +5,8 @@
 # flags are checked on CPU by tests/harness/openrlhf/test_launch_scripts.py (--check-only).
 #
 # Before the first run, on the machine that launches (the head node):
-#   1. install:   pip install -e '.[gpu]'        (every node; it pins openrlhf==0.11.2)
+#   1. install:   make install-gpu               (every node; the gpu extra's pins: openrlhf
+#                 0.11.2 and its transformers, deepspeed, ray, vllm and flash-attn versions)
 #   2. data:      python scripts/prepare_hotpotqa.py --out data/hotpotqa
 #                 (FlashRAG's HotpotQA train/dev from the hub, or --hub-path / --train-file)
 #   3. retriever: a Search-R1 wiki-18 e5 server (Search-R1's retrieval_launch.sh) on port 8000,
@@ -29,11 +30,17 @@
 # openrlhf --help`), or OpenRLHF flags, which then override the ones below.
 set -euo pipefail
 
-MODEL=${MODEL:-Qwen/Qwen3-8B}
-DATA=${DATA:-data/hotpotqa}
+# Every path is made absolute against the directory the script is started from: Ray places the
+# trainer and the model actors on any node, in a working directory of its own, where a relative
+# path would name another place. On several nodes they must lie on a shared filesystem.
+absolute() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac; }
+MODEL=${MODEL:-Qwen/Qwen3-8B}                # a hub id, or a directory (made absolute if it exists)
+if [[ -d "$MODEL" ]]; then MODEL=$(absolute "$MODEL"); fi
+DATA=$(absolute "${DATA:-data/hotpotqa}")
 RETRIEVER=${RETRIEVER:-http://127.0.0.1:8000}
-RUN=${RUN:-runs/qwen3-8b-hotpotqa-trace}
-CKPT=${CKPT:-ckpt/qwen3-8b-hotpotqa-trace}
+RUN=$(absolute "${RUN:-runs/qwen3-8b-hotpotqa-trace}")
+CKPT=$(absolute "${CKPT:-$RUN/ckpt}")        # OpenRLHF's DeepSpeed checkpoints
+OUTPUT=$(absolute "${OUTPUT:-$RUN/model}")   # the final model (OpenRLHF's default is ./ckpt)
 NODES=${NODES:-1}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}
 TP=${TP:-2}                                  # vLLM tensor parallelism per engine
@@ -71,7 +78,7 @@ OPENRLHF_ARGS=(
   --ds.zero_stage 3 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
   --actor.adam.lr 1e-6 --actor.eps_clip 0.2
   --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3
-  --ckpt.path "$CKPT" --ckpt.save_steps 20 --ckpt.save_hf
+  --ckpt.path "$CKPT" --ckpt.save_steps 20 --ckpt.save_hf --ckpt.output_dir "$OUTPUT"
   --logger.tensorboard_dir "$RUN/tensorboard"
 )
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.backends.base import BackendUnavailable, Completion, SamplingParams
 from harness.backends.vllm_backend import _finish_reason  # one mapping for both vLLM backends
-from harness.errors import HarnessError
+from harness.errors import EngineTimeoutError, HarnessError
 
 __all__ = ["RayEnginesBackend"]
 
@@ -48,7 +48,9 @@ class RayEnginesBackend:
         max_imbalance: A request follows its cached prefix unless that engine already has more
             than `max_imbalance` x (batch size / number of engines) requests in this call
             (and at least one).
-        timeout_s: How long one `generate` call may wait for its engines (None: no limit).
+        timeout_s: How long one `generate` call may wait for its engines; past it the pending
+            requests are cancelled and `EngineTimeoutError` is raised, so one hung engine
+            cannot block the controller forever (None: no limit).
 
     Raises:
         ValueError: no engines, or `max_imbalance` < 1.
@@ -62,7 +64,7 @@ class RayEnginesBackend:
         eos_text: str | None = None,
         seed: int = 0,
         max_imbalance: float = 1.5,
-        timeout_s: float | None = None,
+        timeout_s: float | None = 600.0,
     ) -> None:
         if not engines:
             raise ValueError("RayEnginesBackend needs at least one engine handle")
@@ -112,7 +114,7 @@ class RayEnginesBackend:
         Raises:
             ValueError: for an empty prefix.
             HarnessError: an engine aborted a request.
-            ray.exceptions.GetTimeoutError: the engines did not answer within `timeout_s`.
+            EngineTimeoutError: the engines did not answer within `timeout_s`.
         """
         for i, prefix in enumerate(prefixes):
             if len(prefix) == 0:
@@ -128,7 +130,19 @@ class RayEnginesBackend:
             )
             for i, (prompt, engine) in enumerate(zip(ids, targets, strict=True))
         ]
-        outputs = self._ray.get(refs, timeout=self.timeout_s)
+        try:
+            outputs = self._ray.get(refs, timeout=self.timeout_s)
+        except self._ray.exceptions.GetTimeoutError as err:
+            waiting = sorted(
+                {targets[i] for i, ref in enumerate(refs) if not _done(self._ray, ref)}
+            )
+            for ref in refs:
+                self._ray.cancel(ref)  # async actor tasks: cancels the pending coroutines
+            raise EngineTimeoutError(
+                f"{len(refs)} generate requests did not finish within {self.timeout_s} s "
+                f"(engines still busy: {waiting}); is a vLLM engine hung? Raise --engine-timeout-s "
+                "for very long actions"
+            ) from err
         completions = []
         for prompt, engine, output in zip(ids, targets, outputs, strict=True):
             completion = self._completion(output.outputs[0], sampling)
@@ -206,6 +220,11 @@ class RayEnginesBackend:
             logprobs=logprobs,
             finish_reason=finish,
         )
+
+
+def _done(ray: Any, ref: Any) -> bool:
+    ready, _ = ray.wait([ref], timeout=0)
+    return bool(ready)
 
 
 def _block_hashes(tokens: Sequence[int]) -> list[int]:

@@ -58,6 +58,9 @@ class TreeTrainConfig:
     """Where `metrics.jsonl` and the predictor's checkpoints go (on the trainer's node)."""
     seed: int = 0
     """Seeds the allocator, the engine's sampling seeds and the predictor."""
+    engine_timeout_s: float = 600.0
+    """A turn's generate requests must all finish within this, or the step fails with a clear
+    error (a hung vLLM engine would otherwise block the controller forever)."""
     check_only: bool = False
     """Parse and check every flag (ours and OpenRLHF's), print the run's size, start nothing."""
 

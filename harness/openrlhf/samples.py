@@ -47,6 +47,7 @@ from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call  # noqa: E40
 from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
 from harness.backends.base import SamplingParams  # noqa: E402
 from harness.backends.openrlhf_ray import RayEnginesBackend  # noqa: E402
+from harness.checkpoint import write_dir_atomic  # noqa: E402
 from harness.engine import TreeRolloutEngine  # noqa: E402
 from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
@@ -127,7 +128,10 @@ class TreeSamplesGenerator(SamplesGenerator):
             )
         self.config = config
         self.backend = RayEnginesBackend(
-            self.vllm_engines, eos_text=tokenizer.eos_token, seed=config.seed
+            self.vllm_engines,
+            eos_text=tokenizer.eos_token,
+            seed=config.seed,
+            timeout_s=config.engine_timeout_s,
         )
         loaders = [prompts_dataloader] + ([eval_dataloader] if eval_dataloader else [])
         self._tasks_by_label: dict[str, QATask] = {}
@@ -333,9 +337,10 @@ class TreeSamplesGenerator(SamplesGenerator):
     # --- state for checkpoints ---
 
     def save_state(self, directory: Path) -> None:
-        """Write the predictor (`predictor.npz`) and the step state (`state.json`)."""
-        directory.mkdir(parents=True, exist_ok=True)
-        np.savez(directory / "predictor.npz", **self.predictor.state_dict())
+        """Write the predictor (`predictor.npz`) and the step state (`state.json`), atomically.
+
+        A process killed while writing leaves the previous state of `directory` (or none).
+        """
         state = {
             "schema_version": STATE_SCHEMA_VERSION,
             "carry": self.carry,
@@ -344,7 +349,12 @@ class TreeSamplesGenerator(SamplesGenerator):
             "engine_rng": self.engine.rng_state(),
             "spent": dataclasses.asdict(self.spent),
         }
-        (directory / "state.json").write_text(json.dumps(state, indent=1))
+
+        def write(tmp: Path) -> None:
+            np.savez(tmp / "predictor.npz", **self.predictor.state_dict())
+            (tmp / "state.json").write_text(json.dumps(state, indent=1))
+
+        write_dir_atomic(directory, write)
 
     def load_state(self, directory: Path) -> None:
         """Restore `save_state` output.

@@ -210,10 +210,15 @@ class TreePPOTrainerBase(BasePPOTrainer):
             "total_consumed_prompts": consumed,
             "data_loader_state_dict": self.prompts_dataloader.state_dict(),
         }
-        self.save_logs_and_checkpoints(global_step, status, client_states)
-        if global_step % args.ckpt.save_steps == 0:
+        evaluating = global_step % args.eval.steps == 0 and bool(self.eval_dataloader)
+        # The tree state goes first, atomically, for every step at which OpenRLHF may write a
+        # checkpoint: its regular ones (save_steps) and its best ones (after an evaluation),
+        # which move DeepSpeed's `latest` tag too. Resume then finds the state of whichever
+        # checkpoint it loads, keyed by the global step both tags record.
+        if global_step % args.ckpt.save_steps == 0 or evaluating:
             self.samples_generator.save_state(self.state_dir(global_step))
-        if global_step % args.eval.steps == 0 and self.eval_dataloader:
+        self.save_logs_and_checkpoints(global_step, status, client_states)
+        if evaluating:
             kwargs = dict(self.generate_kwargs)
             kwargs["temperature"] = args.eval.temperature
             kwargs["n_samples_per_prompt"] = args.eval.n_samples_per_prompt

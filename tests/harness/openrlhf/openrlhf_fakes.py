@@ -101,6 +101,20 @@ class EchoPolicy:
         return vllm_output(ids, text, logprobs=logprobs, finish_reason=finish, stop_reason=stop)
 
 
+class SlowPolicy(EchoPolicy):
+    """`EchoPolicy` that first blocks its engine for `delay_s` (a hung engine)."""
+
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.delay_s = delay_s
+
+    def __call__(self, prompt_token_ids, sampling_params):
+        import time
+
+        time.sleep(self.delay_s)
+        return super().__call__(prompt_token_ids, sampling_params)
+
+
 class ScriptedSearchPolicy:
     """A Search-R1 agent over the toy world, on a real tokenizer.
 

@@ -73,6 +73,33 @@ def test_multi_node_runs_go_through_ray_job_submit():
     assert flags["--actor.num_nodes"] == "2" and flags["--vllm.num_engines"] == "8"
 
 
+def test_every_path_the_launch_script_passes_is_absolute_and_the_model_has_a_home(tmp_path):
+    # Ray runs the trainer and model actors in working directories of their own: a relative
+    # path (and OpenRLHF's default ./ckpt for the final model) would land elsewhere
+    done = subprocess.run(
+        ["bash", str(LAUNCH)],
+        capture_output=True,
+        text=True,
+        env=_env(PRINT_ONLY="1", RUN="runs/x"),
+        cwd=tmp_path,
+        timeout=60,
+        check=True,
+    )
+    command = done.stdout.split()
+    flags = dict(itertools.pairwise(command))
+    for flag in (
+        "--run-dir",
+        "--data.prompt_dataset",
+        "--eval.dataset",
+        "--ckpt.path",
+        "--ckpt.output_dir",
+        "--logger.tensorboard_dir",
+    ):
+        assert flags[flag].startswith("/"), (flag, flags[flag])
+    assert flags["--run-dir"] == str(tmp_path / "runs" / "x")
+    assert flags["--ckpt.output_dir"] == str(tmp_path / "runs" / "x" / "model")
+
+
 @pytest.mark.slow  # imports OpenRLHF in a fresh interpreter (30-60 s here)
 def test_the_qwen3_launch_flags_pass_openrlhfs_parser_and_the_tree_checks():
     done = subprocess.run(
@@ -86,3 +113,21 @@ def test_the_qwen3_launch_flags_pass_openrlhfs_parser_and_the_tree_checks():
     assert "Qwen/Qwen3-8B: Trace allocator" in done.stdout
     assert "256 prompts and 3072 leaves per step" in done.stdout
     assert "multiple of 512" in done.stdout and "4 vLLM engines x TP2" in done.stdout
+
+
+@pytest.mark.slow  # imports OpenRLHF in a fresh interpreter (30-60 s here)
+def test_the_gpu_smoke_flags_pass_openrlhfs_parser_and_the_tree_checks(tmp_path):
+    smoke = LAUNCH.parent / "gpu_smoke.sh"
+    done = subprocess.run(
+        ["bash", str(smoke), "--check-only"],
+        capture_output=True,
+        text=True,
+        env=_env(RUN=str(tmp_path / "smoke"), POLICY=str(tmp_path / "policy")),
+        cwd=LAUNCH.parent.parent,
+        timeout=600,
+        check=False,
+    )
+    log = (tmp_path / "smoke" / "smoke.log").read_text()
+    assert done.returncode == 0, done.stdout + log[-3000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("GPU SMOKE: CHECKED"), done.stdout
+    assert "ZeRO-2" in done.stdout and "1 vLLM engines" in done.stdout

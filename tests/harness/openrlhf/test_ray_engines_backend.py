@@ -4,11 +4,11 @@ log-probs and finish reasons; requests carry their own seeds; routing follows ca
 from __future__ import annotations
 
 import pytest
-from openrlhf_fakes import EchoPolicy
+from openrlhf_fakes import EchoPolicy, SlowPolicy
 
 from harness.backends.base import SamplingParams
 from harness.backends.openrlhf_ray import RayEnginesBackend
-from harness.errors import HarnessError
+from harness.errors import EngineTimeoutError, HarnessError
 
 # Ray workers that import vLLM take about a minute to start on a 2-core machine (once per session)
 pytestmark = pytest.mark.slow
@@ -102,3 +102,15 @@ def test_bad_input_is_refused(ray_local, engines):
     ray_local.get(engines[0].set_policy.remote(EchoPolicy("abort")))
     with pytest.raises(HarnessError, match="aborted"):
         RayEnginesBackend(engines[:1]).generate([[1]], SAMPLING)
+
+
+def test_a_hung_engine_times_out_with_a_clear_error_instead_of_blocking(ray_local, engines):
+    import time
+
+    ray_local.get(engines[1].set_policy.remote(SlowPolicy(4.0)))
+    backend = RayEnginesBackend(engines, timeout_s=0.5)
+    start = time.perf_counter()
+    with pytest.raises(EngineTimeoutError, match=r"within 0.5 s \(engines still busy: \[1\]\)"):
+        backend.generate([block(0), block(100)], SAMPLING)
+    assert time.perf_counter() - start < 3.0
+    ray_local.get(engines[1].set_policy.remote(EchoPolicy()))  # queued behind the sleep

@@ -1,0 +1,37 @@
+"""Print the `gpu` extra's requirement for one package, as pyproject.toml states it.
+
+`make install-gpu` installs vLLM and flash-attn on their own, in order, before the rest of the
+extra; this keeps their versions in one place (pyproject.toml).
+
+Usage: `python scripts/gpu_pin.py vllm` prints `vllm==0.29.0`.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def gpu_pin(name: str) -> str:
+    """The `gpu` extra's requirement string for `name` (case and -/_ insensitive).
+
+    Raises:
+        SystemExit: the extra has no requirement for `name`.
+    """
+    extra = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["gpu"]
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    for requirement in extra:
+        found = re.match(r"[A-Za-z0-9._-]+", requirement)
+        if found and re.sub(r"[-_.]+", "-", found.group(0)).lower() == key:
+            return requirement
+    raise SystemExit(f"the gpu extra of {PYPROJECT} has no requirement for {name!r}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: python scripts/gpu_pin.py PACKAGE")
+    print(gpu_pin(sys.argv[1]))
