@@ -35,8 +35,10 @@ if [[ -z "$CHECK_ONLY" ]]; then
   "$PYTHON" -c "import torch; assert torch.cuda.is_available()" >>"$RUN/smoke.log" 2>&1 ||
     fail "no CUDA device visible to torch"
 fi
-"$PYTHON" scripts/gpu_smoke_data.py --out "$RUN/data" >>"$RUN/smoke.log" 2>&1 ||
-  fail "could not write the synthetic prompts and index"
+if [[ -z "$CHECK_ONLY" ]]; then
+  "$PYTHON" scripts/gpu_smoke_data.py --out "$RUN/data" >>"$RUN/smoke.log" 2>&1 ||
+    fail "could not write the synthetic prompts and index"
+fi
 if [[ -z "${POLICY:-}" && -z "$CHECK_ONLY" ]]; then
   tracerl init-model --run-dir "$RUN" --no-progress >>"$RUN/smoke.log" 2>&1 ||
     fail "tracerl init-model failed"
@@ -59,7 +61,7 @@ timeout "$TIMEOUT_S" tracerl train --backend openrlhf \
   --train.colocate_all --vllm.enable_sleep --ds.enable_sleep \
   --vllm.num_engines 1 --vllm.tensor_parallel_size 1 --vllm.gpu_memory_utilization 0.3 \
   --vllm.enable_prefix_caching --vllm.enforce_eager \
-  --ds.zero_stage 2 --ds.param_dtype bf16 --actor.attn_implementation sdpa \
+  --ds.zero_stage 2 --ds.param_dtype bf16 --ds.attn_implementation sdpa \
   --actor.adam.lr 1e-5 --algo.kl.init_coef 0 \
   --ckpt.path "$RUN/ckpt" --ckpt.save_steps "$STEPS" --ckpt.output_dir "$RUN/model" \
   >>"$RUN/smoke.log" 2>&1
