@@ -88,9 +88,11 @@ class SearchConfig:
 class ServeConfig:
     """Serve an index over Search-R1's HTTP API (POST /retrieve, GET /health).
 
-    Either an index directory (`--index DIR`) or a prebuilt faiss index with its corpus, as
-    Search-R1 and FlashRAG ship wiki-18 (`--faiss-index e5_Flat.index --corpus wiki-18.jsonl
-    --encoder /models/e5-base-v2 --pooling mean --query-prefix "query: "`).
+    SkyRL-gym's search client (JSON, "query": str) and GEM's (msgpack) are answered too, each
+    in its own format, with no flag (docs/retrieval.md). Either an index directory
+    (`--index DIR`) or a prebuilt faiss index with its corpus, as Search-R1 and FlashRAG ship
+    wiki-18 (`--faiss-index e5_Flat.index --corpus wiki-18.jsonl --encoder /models/e5-base-v2
+    --pooling mean --query-prefix "query: "`).
     """
 
     index: Path | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import logging
 from pathlib import Path
+from typing import cast
 
 from retrieval.base import Encoder, Retriever
 from retrieval.bm25 import BM25Retriever
@@ -17,6 +18,7 @@ from retrieval.client import HTTPRetriever
 from retrieval.dense import DenseRetriever
 from retrieval.errors import IndexFormatError
 from retrieval.manifest import read_manifest
+from retrieval.protocol import PROTOCOLS, Protocol
 
 __all__ = ["INDEX_CLASSES", "load_index", "make_retriever"]
 
@@ -63,11 +65,13 @@ def load_index(
 
 
 def make_retriever(spec: str | Path, *, cache: bool = True) -> Retriever:
-    """A retriever from a spec: an index directory, or the URL of a Search-R1-protocol server.
+    """A retriever from a spec: an index directory, or the URL of a retrieval server.
 
     Args:
-        spec: `http://…` / `https://…` gives an `HTTPRetriever`; anything else is an index
-            directory for `load_index`.
+        spec: `http://…` / `https://…` gives an `HTTPRetriever` for a Search-R1-protocol
+            server; `skyrl-gym+http://…` or `gem+http://…` one that speaks that peer's
+            protocol (`retrieval.protocol`); anything else is an index directory for
+            `load_index`.
         cache: wrap the retriever in a `CachedRetriever`, the shared cross-episode cache.
 
     Raises:
@@ -78,13 +82,17 @@ def make_retriever(spec: str | Path, *, cache: bool = True) -> Retriever:
     retriever can be made before its server is up.
     """
     text = str(spec)
+    protocol, plus, url = text.partition("+")
     if text.startswith(("http://", "https://")):
         retriever: Retriever = HTTPRetriever(text)
+    elif plus and protocol in PROTOCOLS and url.startswith(("http://", "https://")):
+        retriever = HTTPRetriever(url, protocol=cast("Protocol", protocol))
     elif Path(text).is_dir():
         retriever = load_index(text)
     else:
         raise IndexFormatError(
-            f"retriever spec {text!r} is neither an http(s) URL nor an index directory"
+            f"retriever spec {text!r} is neither an http(s) URL (optionally prefixed "
+            f"{' or '.join(p + '+' for p in PROTOCOLS[1:])}) nor an index directory"
         )
     log.info("retriever %s from %s", type(retriever).__name__, text)
     return CachedRetriever(retriever) if cache else retriever

@@ -27,8 +27,9 @@ from benchmarks.interop import (
     skyrl_documents,
     skyrl_request,
 )
-from retrieval import HTTPRetriever, RetrievalError
-from retrieval.protocol import ServerLimits, render_result
+from retrieval import HTTPRetriever, IndexFormatError, RetrievalError, make_retriever
+from retrieval.errors import InvalidRequest
+from retrieval.protocol import ServerLimits, parse_request, render_result
 from retrieval.server import create_app
 
 LIMITS = ServerLimits(max_body_bytes=20_000, max_queries_per_request=4, max_query_chars=100)
@@ -164,9 +165,14 @@ _VALUES = st.recursive(
         st.sampled_from(["query", "queries", "topk", "return_scores", "x"]), _VALUES
     )
 )
-def test_no_msgpack_body_causes_a_500(client, payload):
-    response = client.post("/retrieve", content=msgspec.msgpack.encode(payload))
-    assert response.status_code in (200, 413, 422)
+def test_no_msgpack_body_gets_anything_but_a_request_or_a_4xx(payload):
+    # the server turns InvalidRequest into its 4xx; any other exception would be a 500
+    try:
+        request = parse_request(msgspec.msgpack.encode(payload), LIMITS)
+    except InvalidRequest as err:
+        assert err.status in (413, 422)
+    else:
+        assert request.encoding == "msgpack" and request.queries
 
 
 # -- HTTPRetriever(protocol=...) against servers that speak only one peer's dialect ------------
@@ -237,6 +243,22 @@ def test_http_retriever_speaks_a_peer_server_s_dialect(peer_server):
     import asyncio
 
     assert asyncio.run(remote.asearch(["who?", "where?"], k=2)) == [rows[0], rows[2]]
+
+
+def test_a_protocol_prefixed_url_makes_a_retriever_an_env_can_search_with(peer_server):
+    from envs import SearchQAEnv
+    from envs.tasks import QATask
+
+    protocol, _, url = peer_server
+    remote = make_retriever(f"{protocol}+{url}", cache=False)
+    assert repr(remote) == f"HTTPRetriever({url!r}, protocol={protocol!r})"
+    task = QATask(task_id="q", question="Who?", golden_answers="Ann")
+    env = SearchQAEnv([task], make_retriever(f"{protocol}+{url}"), top_k=2)
+    env.reset(seed=0)
+    observation, *_ = env.step("<search> who </search>")
+    assert "hit 0" in observation and "hit 1" in observation
+    with pytest.raises(IndexFormatError, match="skyrl-gym\\+ or gem\\+"):
+        make_retriever("mosec+http://x")
 
 
 def test_http_retriever_protocols_all_work_against_tracerl_serve_retriever(toy_server, toy_bm25):
