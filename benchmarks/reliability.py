@@ -1,0 +1,258 @@
+"""Reliability: bad bodies, a hung server under the step deadline, property-test case counts.
+
+Three measurements, each against the real code paths:
+
+- **bad bodies**: `tracerl serve-retriever` (a subprocess over a small BM25 index) is sent a
+  fixed corpus of bad `POST /retrieve` bodies (`BAD_BODIES`: malformed and deeply nested JSON,
+  wrong types, lone surrogates, oversized bodies and queries, ...). Every answer must be a 4xx
+  and the server must answer a good request afterwards.
+- **hung server**: a socket that listens but never accepts (connections succeed, no answer
+  ever comes) stands in for a hung server. A `SearchQAEnv` on an `HTTPRetriever` with its
+  default retry budget (4 attempts x 30 s) and the env's default `retrieval_deadline_s`
+  (10 s) takes `--n-steps` searches; each raises `RetrievalFailedError`. Reported: the worst
+  and median wall time per step, against the 120 s retry budget that bounded a step before.
+- **properties**: the suite's property tests (local/HTTP parity, snapshot fuzzing, server
+  fuzzing, the fork law) run under a Hypothesis profile (`--profile`, default `ci`, as CI
+  runs them) with `--hypothesis-show-statistics`; reported per test: passing cases and the
+  outcome events the tests record (e.g. restored vs refused snapshots, HTTP statuses).
+
+Run: `python -m benchmarks.reliability --json` (`--quick`: one hung step, no properties).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import tyro
+
+from benchmarks.meta import run_meta
+from benchmarks.retrieval_server import start_server
+from envs import QATask, RetrievalFailedError, SearchQAEnv, TaskSet
+from retrieval import BM25Retriever, Document, HTTPRetriever
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Args:
+    """Reliability benchmark options."""
+
+    n_steps: int = 5
+    """searches against the hung server"""
+    profile: str = "ci"
+    """the Hypothesis profile of the property run (tests/conftest.py: ci, thorough)"""
+    properties: bool = True
+    """run the property tests and count their cases"""
+    quick: bool = False
+    """a smoke test: one hung step, no property run"""
+    json: bool = False
+    """print one JSON object as the last line of stdout"""
+
+    def __post_init__(self) -> None:
+        if self.quick:
+            self.n_steps, self.properties = 1, False
+
+
+def _body(payload: Any) -> bytes:
+    return json.dumps(payload).encode()
+
+
+BAD_BODIES: dict[str, bytes] = {
+    "empty body": b"",
+    "not JSON": b"queries=a",
+    "truncated JSON": b'{"queries": ["a"',
+    "not UTF-8": b'{"queries": ["\xff\xfe"]}',
+    "JSON array": _body(["a"]),
+    "JSON string": _body("a"),
+    "no queries": _body({"topk": 3}),
+    "queries is a string": _body({"queries": "a"}),
+    "queries is empty": _body({"queries": []}),
+    "a blank query": _body({"queries": ["a", "  "]}),
+    "a number query": _body({"queries": [3]}),
+    "a null query": _body({"queries": [None]}),
+    "a list query": _body({"queries": [["a"]]}),
+    "a lone surrogate": b'{"queries": ["\\ud800"]}',
+    "a 5,000-character query": _body({"queries": ["x" * 5_000]}),
+    "513 queries": _body({"queries": ["a"] * 513}),
+    "topk a string": _body({"queries": ["a"], "topk": "3"}),
+    "topk a float": _body({"queries": ["a"], "topk": 2.5}),
+    "topk a boolean": _body({"queries": ["a"], "topk": True}),
+    "topk 0": _body({"queries": ["a"], "topk": 0}),
+    "topk 101": _body({"queries": ["a"], "topk": 101}),
+    "topk NaN": b'{"queries": ["a"], "topk": NaN}',
+    "topk of 5,000 digits": b'{"queries": ["a"], "topk": ' + b"1" * 5_000 + b"}",
+    "return_scores a string": _body({"queries": ["a"], "return_scores": "yes"}),
+    "500 nested arrays": b"[" * 500 + b"]" * 500,
+    "2 KB of '['": b"[" * 2_048,
+    "100,000 nested arrays": b"[" * 100_000 + b"]" * 100_000,
+    "deep nesting inside queries": b'{"queries": ' + b"[" * 5_000 + b"]" * 5_000 + b"}",
+    "a 2 MB body": _body({"queries": ["x" * 1_000] * 2_000}),
+    # GEM's dialect: msgpack, told apart by a first byte that opens a msgpack map
+    "msgpack map, then garbage": b"\x81\xc1\xc1",
+    "msgpack map nested 5,000 deep": b"\x81\xa1q" * 5_000 + b"\xc0",
+    "msgpack query a number": b"\x81\xa5query\x05",
+}
+"""A fixed corpus of bad `POST /retrieve` bodies (each must get a 4xx)."""
+
+
+def bad_bodies(url: str) -> dict[str, Any]:
+    """Send every body of `BAD_BODIES`, then a good request; return the statuses."""
+    statuses: dict[str, int] = {}
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for name, body in BAD_BODIES.items():
+            response = http.post(
+                "/retrieve", content=body, headers={"content-type": "application/json"}
+            )
+            statuses[name] = response.status_code
+        good = http.post("/retrieve", json={"queries": ["capital"], "topk": 2}).status_code
+    return {
+        "statuses": statuses,
+        "n_bodies": len(statuses),
+        "n_4xx": sum(400 <= s < 500 for s in statuses.values()),
+        "all_4xx": all(400 <= s < 500 for s in statuses.values()),
+        "good_request_after": good,
+    }
+
+
+def hung_server(n_steps: int) -> dict[str, Any]:
+    """Time env steps whose searches go to a server that never answers."""
+    tasks = TaskSet([QATask(task_id="q", question="Who?", golden_answers=("x",))])
+    with socket.socket() as hung:
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(1024)  # the kernel completes handshakes; nobody ever reads
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        remote = HTTPRetriever(url, index_id="hung")  # the defaults: 4 attempts x 30 s
+        env = SearchQAEnv(tasks, remote)  # the default retrieval_deadline_s
+        env.reset(seed=0)
+        times, causes = [], set()
+        for i in range(n_steps):
+            start = time.perf_counter()
+            try:
+                env.step(f"<search> query {i} </search>")
+            except RetrievalFailedError as err:
+                causes.add(type(err.__cause__).__name__)
+            else:
+                raise RuntimeError("a step against a hung server succeeded")
+            times.append(time.perf_counter() - start)
+        remote.close()
+    return {
+        "n_steps": n_steps,
+        "deadline_s": env.config.retrieval_deadline_s,
+        "retry_budget_s": 4 * 30.0,
+        "worst_step_s": max(times),
+        "median_step_s": statistics.median(times),
+        "causes": sorted(causes),
+    }
+
+
+PROPERTY_TESTS = (
+    "tests/retrieval/test_local_http_parity.py::"
+    "test_local_and_http_give_identical_observations_on_any_query",
+    "tests/envs/test_snapshot_validation.py::"
+    "test_a_mutated_snapshot_restores_to_an_identical_replay_or_is_refused",
+    "tests/retrieval/test_server_hardening.py::test_any_json_body_gets_a_2xx_or_a_4xx",
+    "tests/envs/test_fork_law.py",
+)
+
+
+def properties(profile: str) -> dict[str, Any]:
+    """Run the property tests under a Hypothesis profile and read their statistics."""
+    env = {**os.environ, "HYPOTHESIS_PROFILE": profile}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    done = subprocess.run(
+        [*cmd, "--hypothesis-show-statistics", *PROPERTY_TESTS],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the property tests failed:\n{done.stdout[-3000:]}")
+    return {"profile": profile, "tests": parse_statistics(done.stdout)}
+
+
+def parse_statistics(text: str) -> dict[str, Any]:
+    """Per test: passing cases and outcome events, from `--hypothesis-show-statistics`."""
+    tests: dict[str, Any] = {}
+    current: dict[str, Any] | None = None
+    for line in text.splitlines():
+        header = re.match(r"^(tests/\S+::\S+):$", line)
+        if header:
+            current = tests.setdefault(header.group(1).split("::")[-1], {"events": {}})
+            continue
+        if current is None:
+            continue
+        cases = re.search(r"(\d+) passing, (\d+) failing", line)
+        if cases:
+            current["passing"] = current.get("passing", 0) + int(cases.group(1))
+            current["failing"] = current.get("failing", 0) + int(cases.group(2))
+        event = re.match(r"^\s+\* ([\d.]+)%, (.+)$", line)
+        # Hypothesis's own notes on its data generation ("Retried draw ...") are not outcomes
+        if event and not event.group(2).startswith(("Retried", "Draw", "Aborted")):
+            current["events"][event.group(2)] = float(event.group(1))
+    return tests
+
+
+def main(args: Args) -> dict[str, Any]:
+    """Run the three measurements."""
+    docs = [
+        Document(doc_id=f"d{i}", title=f"City {i}", text=f"City {i} is a capital of land {i}.")
+        for i in range(200)
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        index_dir = Path(tmp) / "bm25"
+        BM25Retriever.build(docs).save(index_dir)
+        proc, url = start_server(index_dir)
+        try:
+            bodies = bad_bodies(url)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    print(f"bad bodies: {bodies['n_4xx']}/{bodies['n_bodies']} got a 4xx", file=sys.stderr)
+    hung = hung_server(args.n_steps)
+    print(f"hung server: worst step {hung['worst_step_s']:.2f} s", file=sys.stderr)
+    props = properties(args.profile) if args.properties else None
+    return {
+        "bad_bodies": bodies,
+        "hung_server": hung,
+        "properties": props,
+        "args": {k: str(v) for k, v in asdict(args).items()},
+        "meta": run_meta(),
+    }
+
+
+def print_table(result: dict[str, Any]) -> None:
+    """The figures, human-readable, on stderr."""
+    for name, status in result["bad_bodies"]["statuses"].items():
+        print(f"{status}  {name}", file=sys.stderr)
+    hung = result["hung_server"]
+    print(
+        f"hung server: {hung['n_steps']} steps, worst {hung['worst_step_s']:.2f} s, median "
+        f"{hung['median_step_s']:.2f} s (deadline {hung['deadline_s']} s; retry budget "
+        f"{hung['retry_budget_s']:.0f} s)",
+        file=sys.stderr,
+    )
+    if result["properties"]:
+        for name, stats in result["properties"]["tests"].items():
+            print(f"{stats.get('passing', 0):>6} cases  {name}  {stats['events']}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    args = tyro.cli(Args)
+    result = main(args)
+    print_table(result)
+    if args.json:
+        print(json.dumps(result, sort_keys=True), flush=True)
