@@ -33,7 +33,7 @@ from trace_alloc.base import (
     RolloutRequest,
 )
 from trace_alloc.budget import BudgetLimit, Currency, Spend
-from trace_alloc.calibration import CalibrationReport, calibration_report
+from trace_alloc.calibration import CalibrationReport, calibration_report, learn_from_step
 from trace_alloc.driver import StepResult, WaveRecord, run_step
 from trace_alloc.errors import (
     AllocError,
@@ -42,6 +42,7 @@ from trace_alloc.errors import (
     TreeFormatError,
     UnknownNameError,
 )
+from trace_alloc.memory import MemoryPredictor
 from trace_alloc.predictor import HashedNgramFeaturizer, MLPPredictor
 from trace_alloc.solvers import (
     RootSolution,
@@ -61,7 +62,9 @@ from trace_alloc.tree import (
     Rollout,
     RolloutTree,
     Segment,
+    TrainingExamples,
     Turn,
+    bare_leaves,
     forest_stats,
     training_examples,
 )
@@ -89,6 +92,7 @@ __all__ = [
     "HashedNgramFeaturizer",
     "LeafAdvantage",
     "MLPPredictor",
+    "MemoryPredictor",
     "Node",
     "Predictor",
     "Prompt",
@@ -103,13 +107,16 @@ __all__ = [
     "StepResult",
     "TokenAdvantages",
     "Trace",
+    "TrainingExamples",
     "TreeFormatError",
     "Turn",
     "Uniform",
     "UnknownNameError",
     "WaveRecord",
+    "bare_leaves",
     "calibration_report",
     "forest_stats",
+    "learn_from_step",
     "make_allocator",
     "prefix_gain",
     "root_gain",

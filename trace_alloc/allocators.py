@@ -14,6 +14,7 @@ equal budget by the same driver, so a baseline is just another name in `ALLOCATO
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -405,9 +406,10 @@ class Trace:
     uses_predictor: ClassVar[bool] = True
     max_per_prompt: int = 16
     """Cap on m_i, so that one prompt cannot take the whole root budget."""
-    min_per_prompt: int = 2
-    """Smallest non-zero m_i: 2 opens a prompt with a pair (the paper); larger values trade the
-    number of mixed prompts for their share (docs/decisions.md, D3)."""
+    min_per_prompt: int = 4
+    """Smallest non-zero m_i (lowered to the root budget when that is smaller): 4 keeps the
+    paper's density of >= 4 bare rollouts per opened prompt; 2 opens prompts with a pair, which
+    buys more mixed prompts when the predictor is sharp and fewer when it is not (D3, D14)."""
     continuations_per_rollout: int = 1
     """N: Stage-2 continuations per bare rollout (Σ K = m_i N per prompt); 0 turns Stage 2 off."""
     stage1: Literal["active", "uniform"] = "active"
@@ -421,6 +423,9 @@ class Trace:
     so that the predictor keeps seeing prompts it would filter out (docs/decisions.md, D2)."""
     p_clip: float = 0.01
     """Predictions are clipped to [p_clip, 1 − p_clip]: no prompt or prefix is ever certain."""
+    prefer_unmixed: bool = False
+    """Stage 2 spends only on trees whose bare rollouts all agree while any has a prefix to
+    expand: a flip there makes a new mixed prompt, one in a mixed tree only a mixed prefix."""
 
     def __post_init__(self) -> None:
         _check_group_size(self.group_size)
@@ -469,6 +474,8 @@ class Trace:
         n_roots = -(-view.leaves_left // (1 + self.continuations_per_rollout))
         # a small budget still opens one prompt
         n_roots = max(n_roots, min(self.min_per_prompt, view.leaves_left))
+        # a budget below the minimum still opens one prompt, with all of it
+        lo = max(2, min(self.min_per_prompt, n_roots))
         if self.stage1 == "uniform":
             requests = _groups(range(len(view.trees)), n_roots, self.group_size, exact=view.exact)
             return AllocPlan(
@@ -476,14 +483,11 @@ class Trace:
             )
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.zeros(len(view.trees), dtype=np.int64)
-        n_explore = min(int(self.explore_frac * n_roots) // self.min_per_prompt, len(view.trees))
-        floor[rng.choice(len(view.trees), size=n_explore, replace=False)] = self.min_per_prompt
+        # rounded up, so that a small pool still explores (⌊0.05 · 24 / 2⌋ was 0)
+        n_explore = min(math.ceil(self.explore_frac * n_roots / lo), n_roots // lo, len(view.trees))
+        floor[rng.choice(len(view.trees), size=n_explore, replace=False)] = lo
         solution = solve_roots(
-            p,
-            n_roots,
-            max_per_prompt=self.max_per_prompt,
-            min_per_prompt=self.min_per_prompt,
-            floor=floor,
+            p, n_roots, max_per_prompt=self.max_per_prompt, min_per_prompt=lo, floor=floor
         )
         requests = tuple(
             RolloutRequest(tree_index=i, node_id=0, n=int(m))
@@ -520,6 +524,9 @@ class Trace:
         if not eligible or self.continuations_per_rollout == 0:
             return self._top_up_roots(view, predictor)
         trees = list(eligible)
+        if self.prefer_unmixed:
+            unmixed = [i for i in trees if not view.trees[i].is_mixed]
+            trees = unmixed or trees
         m = np.array([len(view.trees[i].root.children) for i in trees], dtype=np.float64)
         shares = split_budget(view.leaves_left, m)
         requests: list[RolloutRequest] = []

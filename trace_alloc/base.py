@@ -106,8 +106,19 @@ class Predictor(Protocol):
         """Success probability in [0, 1] for each history; shape `(len(histories),)`."""
         ...
 
-    def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
-        """Fit to targets V̂ in [0, 1] (MSE); returns training diagnostics."""
+    def update(
+        self,
+        histories: Sequence[str],
+        targets: np.ndarray,
+        *,
+        weights: np.ndarray | None = None,
+        is_root: np.ndarray | None = None,
+    ) -> dict[str, float]:
+        """Fit to targets V̂ in [0, 1]; returns training diagnostics.
+
+        `weights` are the outcomes behind each target (leaf counts; 1 each if None) and
+        `is_root` flags the prompt roots (`trace_alloc.training_examples` gives both).
+        """
         ...
 
     def state_dict(self) -> dict[str, np.ndarray]:

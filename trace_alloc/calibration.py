@@ -2,15 +2,24 @@
 
 Targets may be soft (V̂ of a node with n leaves below it): a node then counts as n outcomes, of
 which n·V̂ are successes, so the scores equal those computed leaf by leaf.
+
+`learn_from_step` is the per-step predictor routine every trainer shares: score the step's
+nodes before learning them (held out, prequential), report roots and prefixes separately (a
+pooled AUC is dominated by the prefixes, which are easy: the latest observation gives them
+away), then update.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["CalibrationReport", "calibration_report"]
+from trace_alloc.base import Predictor
+from trace_alloc.tree import RolloutTree, training_examples
+
+__all__ = ["CalibrationReport", "calibration_report", "learn_from_step"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -109,3 +118,39 @@ def _weighted_auc(score: np.ndarray, pos: np.ndarray, neg: np.ndarray) -> float:
     neg_below = np.cumsum(neg_at) - neg_at
     wins = (pos_at * (neg_below + 0.5 * neg_at)).sum()
     return float(wins / (total_pos * total_neg))
+
+
+def learn_from_step(predictor: Predictor, trees: Sequence[RolloutTree]) -> dict[str, float]:
+    """Score the step's roots and prefixes, then train the predictor on them.
+
+    The scores come first, so they measure prediction on nodes the predictor has not learned
+    yet. Each node is weighted by its outcomes (`training_examples`: bare rollouts for a root,
+    leaves for a prefix), both in the scores and in the update.
+
+    Returns:
+        `predictor/...` metrics: `brier`, `brier_skill`, `auc` and `base_rate` over every node;
+        `auc_root`, `brier_root`, `auc_prefix`, `brier_prefix` per kind (NaN where a kind lacks
+        a success or a failure); `n_nodes`, `n_roots`, `loss_after`. Empty without nodes.
+    """
+    ex = training_examples(trees)
+    if not len(ex):
+        return {}
+    p = np.asarray(predictor.predict(ex.histories), dtype=np.float64)
+    pooled = calibration_report(p, ex.targets, ex.n_leaves)
+    root = calibration_report(p[ex.is_root], ex.targets[ex.is_root], ex.n_leaves[ex.is_root])
+    prefix = ~ex.is_root
+    pre = calibration_report(p[prefix], ex.targets[prefix], ex.n_leaves[prefix])
+    fit = predictor.update(ex.histories, ex.targets, weights=ex.n_leaves, is_root=ex.is_root)
+    return {
+        "predictor/brier": pooled.brier,
+        "predictor/brier_skill": pooled.brier_skill,
+        "predictor/auc": pooled.auc,
+        "predictor/base_rate": pooled.base_rate,
+        "predictor/auc_root": root.auc,
+        "predictor/brier_root": root.brier,
+        "predictor/auc_prefix": pre.auc,
+        "predictor/brier_prefix": pre.brier,
+        "predictor/n_nodes": float(len(ex)),
+        "predictor/n_roots": float(ex.is_root.sum()),
+        "predictor/loss_after": float(fit.get("loss_after", float("nan"))),
+    }

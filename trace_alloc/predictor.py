@@ -28,7 +28,7 @@ import scipy.sparse as sp
 from trace_alloc.base import Featurizer
 from trace_alloc.errors import AllocError
 
-__all__ = ["HashedNgramFeaturizer", "MLPPredictor"]
+__all__ = ["HashedNgramFeaturizer", "MLPPredictor", "check_examples"]
 
 _WORD = re.compile(r"\w+")
 
@@ -232,39 +232,49 @@ class MLPPredictor:
         c = self.familiarity(x)
         return (c * p + (1.0 - c) * self.prior).astype(np.float64)
 
-    def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
-        """Adam on the squared error (or soft cross-entropy) against V̂ for `epochs` passes.
+    def update(
+        self,
+        histories: Sequence[str],
+        targets: np.ndarray,
+        *,
+        weights: np.ndarray | None = None,
+        is_root: np.ndarray | None = None,
+    ) -> dict[str, float]:
+        """Adam on the weighted squared error (or soft cross-entropy) against V̂.
+
+        Args:
+            histories: node histories.
+            targets: V̂ in [0, 1] per history.
+            weights: outcomes behind each target (its leaf count; 1 each if None): a root
+                backed by 8 leaves pulls 8 times as hard as a prefix with one.
+            is_root: accepted for the `Predictor` protocol; this model treats roots and
+                prefixes alike (`MemoryPredictor` uses it).
 
         Returns:
-            `loss_before`, `loss_after` (the training objective on these examples, unshrunk
-            model), `n` and `familiarity` (mean, before this update).
+            `loss_before`, `loss_after` (the weighted training objective on these examples,
+            unshrunk model), `n` and `familiarity` (mean, before this update).
 
         Raises:
-            AllocError: lengths differ or a target is outside [0, 1].
+            AllocError: lengths differ, a target is outside [0, 1] or a weight is negative.
         """
-        y = np.asarray(targets, dtype=np.float32)
-        if y.shape != (len(histories),) or np.any((y < 0) | (y > 1)) or not np.all(np.isfinite(y)):
-            raise AllocError(
-                f"update needs one target in [0, 1] per history; got {len(histories)} histories "
-                f"and targets of shape {y.shape}"
-            )
+        y, w = check_examples(histories, targets, weights)
         if not histories:
             return {"n": 0.0}
         x = _sparse(self.featurizer.featurize(histories))
         familiarity = float(self.familiarity(x).mean())
-        before = self._objective(x, y)
+        before = self._objective(x, y, w)
         n = len(histories)
         for _ in range(self.epochs):
             order = self._rng.permutation(n)
             for start in range(0, n, self.batch_size):
                 idx = order[start : start + self.batch_size]
-                self._step(x[idx], y[idx])
+                self._step(x[idx], y[idx], w[idx])
         self._remember(x)
         self._n_updates += 1
         return {
             "n": float(n),
             "loss_before": before,
-            "loss_after": self._objective(x, y),
+            "loss_after": self._objective(x, y, w),
             "familiarity": familiarity,
         }
 
@@ -336,20 +346,21 @@ class MLPPredictor:
         logit = h @ params["w2"] + params["b2"][0]  # (n,)
         return 1.0 / (1.0 + np.exp(-np.clip(logit, -30, 30))), (h if self.hidden else None)
 
-    def _objective(self, x: sp.csr_array, y: np.ndarray) -> float:
+    def _objective(self, x: sp.csr_array, y: np.ndarray, w: np.ndarray) -> float:
         p = self._forward(x)[0]
         if self.loss == "mse":
-            return float(np.mean((p - y) ** 2))
-        p = np.clip(p, 1e-7, 1 - 1e-7)
-        return float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p)))
+            per_row = (p - y) ** 2
+        else:
+            p = np.clip(p, 1e-7, 1 - 1e-7)
+            per_row = -(y * np.log(p) + (1 - y) * np.log(1 - p))
+        return float(np.average(per_row, weights=w)) if w.sum() > 0 else 0.0
 
-    def _step(self, x: sp.csr_array, y: np.ndarray) -> None:
+    def _step(self, x: sp.csr_array, y: np.ndarray, w: np.ndarray) -> None:
         params = self._params
         p, h = self._forward(x)
-        n = x.shape[0]
         # d loss / d logit: MSE through the sigmoid, or soft cross-entropy
         g = 2.0 * (p - y) * p * (1.0 - p) if self.loss == "mse" else p - y  # (n,)
-        g = (g / n).astype(np.float32)
+        g = (g * w / max(float(w.sum()), 1e-12)).astype(np.float32)  # the weighted mean's
         grads: dict[str, np.ndarray] = {"b2": np.array([g.sum()], dtype=np.float32)}
         if h is None:
             grads["w2"] = x.T @ g
@@ -368,6 +379,28 @@ class MLPPredictor:
             m_hat = self._m[k] / (1 - b1**self._t)
             v_hat = self._v[k] / (1 - b2**self._t)
             params[k] = params[k] - self.lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+def check_examples(
+    histories: Sequence[str], targets: np.ndarray, weights: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Targets and weights as float arrays, checked against the histories.
+
+    Raises:
+        AllocError: lengths differ, a target is outside [0, 1] or a weight is negative.
+    """
+    y = np.asarray(targets, dtype=np.float32)
+    w = np.ones(len(histories)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if y.shape != (len(histories),) or np.any((y < 0) | (y > 1)) or not np.all(np.isfinite(y)):
+        raise AllocError(
+            f"update needs one target in [0, 1] per history; got {len(histories)} histories "
+            f"and targets of shape {y.shape}"
+        )
+    if w.shape != y.shape or np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise AllocError(
+            f"update needs one finite weight >= 0 per history; got weights of shape {w.shape}"
+        )
+    return y, w
 
 
 def _sparse(x: np.ndarray) -> sp.csr_array:

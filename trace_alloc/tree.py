@@ -30,7 +30,9 @@ __all__ = [
     "Rollout",
     "RolloutTree",
     "Segment",
+    "TrainingExamples",
     "Turn",
+    "bare_leaves",
     "forest_stats",
     "training_examples",
 ]
@@ -551,30 +553,83 @@ def forest_stats(trees: Iterable[RolloutTree]) -> ForestStats:
     )
 
 
-def training_examples(trees: Sequence[RolloutTree]) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """The predictor's training set: every root and prefix with a leaf below, and its V̂.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingExamples:
+    """The predictor's training set of one step: every root and prefix with a leaf below."""
 
-    Targets follow DESIGN §1 (the mean leaf reward under the node).
+    histories: tuple[str, ...]
+    """`RolloutTree.history` of each node (a root's is its prompt text)."""
+    targets: np.ndarray
+    """Success rate in [0, 1]: V̂ for a prefix, the bare rollouts' mean reward for a root."""
+    n_leaves: np.ndarray
+    """Outcomes behind each target (int): leaves under a prefix, bare rollouts of a root."""
+    is_root: np.ndarray
+    """Whether each node is a prompt root (bool)."""
+
+    def __len__(self) -> int:
+        return len(self.histories)
+
+
+def bare_leaves(tree: RolloutTree) -> list[int]:
+    """Leaves of the rollouts that started at the root (the bare rollouts), in creation order.
+
+    A rollout's turns get consecutive ids and a leaf is never a parent, so walking up from a
+    leaf while the parent is the previous id stays inside its rollout; the node where the walk
+    stops hangs from the rollout's anchor.
+
+    >>> tree = RolloutTree(prompt_id="q", prompt_text="Q?")
+    >>> a = tree.add_rollout(0, Rollout(turns=(_t("s"), _t("a")), reward=1.0))
+    >>> b = tree.add_rollout(1, Rollout(turns=(_t("b"),), reward=0.0))  # a continuation
+    >>> c = tree.add_rollout(0, Rollout(turns=(_t("c"),), reward=0.0))
+    >>> bare_leaves(tree)
+    [2, 4]
+    """
+    out = []
+    for leaf in tree.leaves():
+        node = leaf
+        parent = tree.nodes[node].parent_id
+        while parent is not None and parent != 0 and parent == node - 1:
+            node, parent = parent, tree.nodes[parent].parent_id
+        if parent == 0:
+            out.append(leaf)
+    return out
+
+
+def training_examples(trees: Sequence[RolloutTree]) -> TrainingExamples:
+    """The predictor's training set: every root and prefix with a leaf below, and its target.
+
+    A prefix's target is V̂ (DESIGN §1: the mean leaf reward under it). A root's target is the
+    mean reward of its **bare** rollouts only: Stage 2 chooses where to continue by the outcome
+    already seen, so the continuations below a root are not a sample of the question's success
+    rate (on an all-fail tree they are aimed at flipping it), while the bare rollouts are.
 
     Leaves are left out: the predictor is only ever queried at roots and prefixes, and a leaf's
     history already contains its answer.
-
-    Returns:
-        `(histories, targets, n_leaves)`: target V̂(y) in [0, 1] and the number of leaves under
-        y (the target's sample size), both of shape `(n_examples,)`.
     """
     histories: list[str] = []
     targets: list[float] = []
     counts: list[int] = []
+    roots: list[bool] = []
     for tree in trees:
         count, total, _, _ = tree.leaf_stats()
+        bare = bare_leaves(tree)
         for node in tree.nodes:
             if node.is_leaf or count[node.node_id] == 0:
                 continue
+            if node.is_root:  # a tree's first rollout starts at the root: `bare` is not empty
+                n, s = len(bare), sum(float(tree.nodes[i].reward or 0.0) for i in bare)
+            else:
+                n, s = int(count[node.node_id]), float(total[node.node_id])
             histories.append(tree.history(node.node_id))
-            targets.append(total[node.node_id] / count[node.node_id])
-            counts.append(int(count[node.node_id]))
-    return histories, np.asarray(targets, dtype=np.float64), np.asarray(counts, dtype=np.int64)
+            targets.append(s / n)
+            counts.append(n)
+            roots.append(node.is_root)
+    return TrainingExamples(
+        histories=tuple(histories),
+        targets=np.asarray(targets, dtype=np.float64),
+        n_leaves=np.asarray(counts, dtype=np.int64),
+        is_root=np.asarray(roots, dtype=bool),
+    )
 
 
 def _t(action: str, observation: str = "") -> Turn:

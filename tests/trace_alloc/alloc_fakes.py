@@ -20,7 +20,9 @@ class FixedPredictor:
     def predict(self, histories: Sequence[str]) -> np.ndarray:
         return np.array([self.table.get(h, self.default) for h in histories], dtype=np.float64)
 
-    def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
+    def update(
+        self, histories: Sequence[str], targets: np.ndarray, **_: np.ndarray | None
+    ) -> dict[str, float]:
         self.updates += 1
         return {"n": float(len(histories))}
 

@@ -299,7 +299,7 @@ def test_entropy_tree_branches_at_the_most_uncertain_turns():
 def test_trace_exploration_floor_reaches_prompts_the_predictor_would_filter():
     prompts, p = make_pool(30)
     table = {pr.text: (0.5 if i < 3 else 0.0) for i, pr in enumerate(prompts)}
-    kwargs = {"continuations_per_rollout": 0, "p_clip": 0.0}
+    kwargs = {"continuations_per_rollout": 0, "p_clip": 0.0, "min_per_prompt": 2}
     counts = []
     for explore in (0.0, 0.5):
         result = run_step(
@@ -315,3 +315,38 @@ def test_trace_exploration_floor_reaches_prompts_the_predictor_would_filter():
         assert result.spent.n_leaves == 40
     assert counts[0] == 0  # without a floor, predicted-certain prompts are filtered out
     assert counts[1] >= 7  # ⌊0.5 · 40 / 2⌋ = 10 random floors, most on the filtered prompts
+
+
+def test_trace_exploration_floor_survives_a_small_pool():
+    """⌊0.05 · 12 / 2⌋ = 0 used to switch exploration off below M = 40 roots."""
+    prompts, _ = make_pool(12)
+    certain = FixedPredictor(default=0.0)  # the solver alone would open nothing
+    result = run_step(
+        make_allocator("trace", min_per_prompt=2),
+        prompts,
+        execute=MartingaleExecutor({pr.prompt_id: 0.5 for pr in prompts}),
+        budget=BudgetLimit(per_step=24),
+        rng=np.random.default_rng(0),
+        predictor=certain,
+    )
+    assert result.waves[0].diagnostics["n_explore"] >= 1
+    assert result.stats.n_active >= 1
+
+
+def test_trace_prefer_unmixed_spends_stage_two_on_trees_not_yet_mixed():
+    def spent_on_mixed(prefer: bool) -> tuple[int, int]:
+        result, _ = step(
+            "trace", budget=BudgetLimit(per_step=96), explore_frac=0.0, prefer_unmixed=prefer
+        )
+        mixed_after_roots = on_mixed = 0
+        for tree in result.trees:
+            bare = [n for n in tree.nodes if n.wave == 0 and n.is_leaf]
+            if len({n.reward for n in bare}) == 2:
+                mixed_after_roots += 1
+                on_mixed += sum(1 for n in tree.nodes if n.wave > 0 and n.is_leaf)
+        return mixed_after_roots, on_mixed
+
+    mixed, on_mixed = spent_on_mixed(False)
+    assert mixed > 0 and on_mixed > 0
+    mixed, on_mixed = spent_on_mixed(True)
+    assert mixed > 0 and on_mixed == 0

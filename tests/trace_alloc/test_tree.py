@@ -16,6 +16,7 @@ from trace_alloc import (
     RolloutTree,
     TreeFormatError,
     Turn,
+    bare_leaves,
     forest_stats,
     training_examples,
 )
@@ -88,10 +89,26 @@ def test_forest_stats_and_training_examples():
     assert (stats.n_prompts, stats.n_active, stats.n_mixed) == (2, 1, 1)
     assert (stats.n_prefix_anchors, stats.n_mixed_prefix_anchors) == (2, 1)
     assert stats.effective_ratio == 1.0 and stats.n_mixed_anchors == 2
-    histories, targets, counts = training_examples([tree, empty])
-    assert histories == ["Q?", "Q? s1 o1", "Q? s1 o1 s2 o2"]
-    assert targets.tolist() == pytest.approx([1 / 3, 0.5, 0.0])
-    assert counts.tolist() == [3, 2, 1]
+    ex = training_examples([tree, empty])
+    assert ex.histories == ("Q?", "Q? s1 o1", "Q? s1 o1 s2 o2")
+    # the root's target is its bare rollouts' (leaves 2 and 5: 1 and 0), not the continuation's
+    assert ex.targets.tolist() == pytest.approx([0.5, 0.5, 0.0])
+    assert ex.n_leaves.tolist() == [2, 2, 1]
+    assert ex.is_root.tolist() == [True, False, False]
+    assert bare_leaves(tree) == [2, 5]
+
+
+def test_root_targets_ignore_continuations_aimed_at_flipping_the_outcome():
+    """Stage 2 continues an all-fail tree where a success is likely: V̂(root) would be biased."""
+    tree = RolloutTree.from_prompt(Prompt(prompt_id="q", text="Q?"))
+    for _ in range(4):  # four bare rollouts, all failures
+        tree.add_rollout(0, Rollout(turns=(turn(" s", " o"), turn(" a")), reward=0))
+    for anchor in (1, 3, 5, 7):  # one continuation per prefix, all successes
+        tree.add_rollout(anchor, Rollout(turns=(turn(" b"),), reward=1))
+    assert tree.values()[0] == 0.5  # the pooled root value the old target used
+    ex = training_examples([tree])
+    assert ex.targets[0] == 0.0 and ex.n_leaves[0] == 4 and ex.is_root[0]
+    assert bare_leaves(tree) == [2, 4, 6, 8]
 
 
 @st.composite
