@@ -95,7 +95,12 @@ PANELS: dict[str, tuple[str, ...]] = {
     "reward and accuracy": ("rollout/reward", "rollout/accuracy", "eval/em"),
     "effective ratio": ("rollout/effective_ratio",),
     "mixed anchors": ("rollout/mixed_anchors", "rollout/mixed_prefix_anchors"),
-    "predictor calibration": ("predictor/brier", "predictor/auc"),
+    "predictor calibration": (
+        "predictor/brier",
+        "predictor/auc",
+        "predictor/auc_root",
+        "predictor/auc_prefix",
+    ),
     "entropy and KL": ("policy/entropy", "policy/kl", "policy/approx_kl"),
     "response length (tokens)": ("rollout/response_length",),
     "actions": ("rollout/valid_action_rate", "rollout/searches_per_episode"),

@@ -55,12 +55,12 @@ from trace_alloc import (
     AllocatorName,
     BudgetLimit,
     HashedNgramFeaturizer,
+    MemoryPredictor,
     MLPPredictor,
     Spend,
     StepResult,
-    calibration_report,
+    learn_from_step,
     make_allocator,
-    training_examples,
     tree_advantages,
 )
 
@@ -233,6 +233,15 @@ class PredictorConfig:
     """Passes over each step's nodes."""
     prior: float = 0.5
     """Prediction before training and far from the training data."""
+    memory: bool = True
+    """Add each question's own bare-rollout history to the text model (`MemoryPredictor`);
+    False: the text model alone (the paper's Ṽψ)."""
+    prior_strength: float = 4.0
+    """memory: bare rollouts the text model's prediction is worth."""
+    memory_decay: float = 0.95
+    """memory: weight a past outcome keeps per step (the policy moves)."""
+    replay_size: int = 2048
+    """memory: root examples replayed into each text-model update."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -395,7 +404,9 @@ class ConstantPredictor:
         """`p` for every history."""
         return np.full(len(histories), self.p)
 
-    def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
+    def update(
+        self, histories: Sequence[str], targets: np.ndarray, **_: np.ndarray | None
+    ) -> dict[str, float]:
         """Nothing to learn."""
         return {"n": float(len(histories))}
 
@@ -408,22 +419,32 @@ class ConstantPredictor:
         self.p = float(state["p"][0])
 
 
-def make_predictor(config: PredictorConfig, *, seed: int) -> MLPPredictor | ConstantPredictor:
+def make_predictor(
+    config: PredictorConfig, *, seed: int
+) -> MemoryPredictor | MLPPredictor | ConstantPredictor:
     """The predictor `config.kind` names; the CPU and the OpenRLHF trainers both build it here.
 
     Args:
-        config: Kind, features and MLP settings.
+        config: Kind, features, MLP and memory settings.
         seed: Seeds the MLP's initial weights.
     """
     if config.kind == "constant":
         return ConstantPredictor(config.prior)
-    return MLPPredictor(
+    text = MLPPredictor(
         HashedNgramFeaturizer(dim=config.dim),
         hidden=config.hidden,
         lr=config.lr,
         epochs=config.epochs,
         prior=config.prior,
         seed=seed,
+    )
+    if not config.memory:
+        return text
+    return MemoryPredictor(
+        text,
+        prior_strength=config.prior_strength,
+        decay=config.memory_decay,
+        replay_size=config.replay_size,
     )
 
 
@@ -741,19 +762,9 @@ def train(config: TrainConfig) -> TrainSummary:
         totals = totals + result.spent
         record: dict[str, Any] = rollout_metrics(result)
 
-        # 3. predictor: calibration on unseen nodes first, then learn V̂ of every node
-        histories, targets, counts = training_examples(result.trees)
-        if histories:
-            report = calibration_report(predictor.predict(histories), targets, counts)
-            fit = predictor.update(histories, targets)
-            record |= {
-                "predictor/brier": report.brier,
-                "predictor/brier_skill": report.brier_skill,
-                "predictor/auc": report.auc,
-                "predictor/base_rate": report.base_rate,
-                "predictor/n_nodes": len(histories),
-                "predictor/loss_after": fit.get("loss_after", float("nan")),
-            }
+        # 3. predictor: calibration on unseen nodes first (roots and prefixes apart), then
+        # learn every node, weighted by its outcomes
+        record |= learn_from_step(predictor, result.trees)
 
         # 4. advantages on the trees the allocator keeps for training
         trees = [result.trees[i] for i in result.train_indices]

@@ -65,8 +65,7 @@ from trace_alloc import (  # noqa: E402
     BudgetLimit,
     Spend,
     StepResult,
-    calibration_report,
-    training_examples,
+    learn_from_step,
     tree_advantages,
 )
 
@@ -322,17 +321,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         return padded
 
     def _update_predictor(self, result: StepResult) -> dict[str, float]:
-        histories, targets, counts = training_examples(result.trees)
-        if not histories:
-            return {}
-        report = calibration_report(self.predictor.predict(histories), targets, counts)
-        fit = self.predictor.update(histories, targets)
-        return {
-            "predictor/brier": float(report.brier),
-            "predictor/auc": float(report.auc),
-            "predictor/n_examples": float(len(histories)),
-            "predictor/loss_after": float(fit.get("loss_after", float("nan"))),
-        }
+        return learn_from_step(self.predictor, result.trees)
 
     # --- state for checkpoints ---
 
