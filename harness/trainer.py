@@ -236,7 +236,7 @@ class PredictorConfig:
     memory: bool = True
     """Add each question's own bare-rollout history to the text model (`MemoryPredictor`);
     False: the text model alone (the paper's Ṽψ)."""
-    prior_strength: float = 4.0
+    prior_strength: float = 2.0
     """memory: bare rollouts the text model's prediction is worth."""
     memory_decay: float = 0.95
     """memory: weight a past outcome keeps per step (the policy moves)."""

@@ -423,9 +423,10 @@ class Trace:
     so that the predictor keeps seeing prompts it would filter out (docs/decisions.md, D2)."""
     p_clip: float = 0.01
     """Predictions are clipped to [p_clip, 1 − p_clip]: no prompt or prefix is ever certain."""
-    prefer_unmixed: bool = False
+    prefer_unmixed: bool = True
     """Stage 2 spends only on trees whose bare rollouts all agree while any has a prefix to
-    expand: a flip there makes a new mixed prompt, one in a mixed tree only a mixed prefix."""
+    expand: a flip there makes a new mixed prompt, one in a mixed tree only a mixed prefix
+    (False: every tree gets its share ∝ m_i, the paper's rule; docs/decisions.md, D14)."""
 
     def __post_init__(self) -> None:
         _check_group_size(self.group_size)

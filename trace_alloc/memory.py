@@ -53,7 +53,7 @@ class MemoryPredictor:
         self,
         text_model: Predictor,
         *,
-        prior_strength: float = 4.0,
+        prior_strength: float = 2.0,
         decay: float = 0.95,
         replay_size: int = 2048,
     ) -> None:

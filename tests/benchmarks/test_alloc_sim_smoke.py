@@ -38,8 +38,14 @@ def test_alloc_sim_quick_prints_its_figures_as_the_last_json_line(tmp_path):
     result = json.loads(proc.stdout.splitlines()[-1])
     assert set(result["effective_ratio"]) == set(MAIN)
     assert set(result["mixed_prefix_anchors"]) == set(MAIN)
-    for key in ("trace_over_uniform", "trace_over_dynamic_sampling_tokens"):
+    for key in ("trace_over_uniform", "trace_over_dynamic_sampling_tokens",
+                "trace_over_uniform_share", "trace_over_uniform_mixed_prompts",
+                "trace_over_equal_prompts_share"):  # fmt: skip
         assert result[key] > 0
+    assert 0.0 <= result["root_auc_after_epoch1"] <= 1.0
+    single = result["single_pass"]  # the second row: no question recurs
+    assert single["n_questions"] >= 4 * 32 and single["trace_over_uniform_share"] > 0
+    assert set(single["effective_ratio"]) == {"uniform", "trace", "uniform[equal prompts]"}
     leaves = result["table"]["leaves"]
     # equal budget is enforced: every allocator spends exactly the leaf budget every step
     assert {row["leaves"] for row in leaves.values()} == {result["budget"]["leaves_per_step"]}

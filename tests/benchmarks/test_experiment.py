@@ -104,6 +104,8 @@ def test_experiment_runs_every_cell_writes_results_and_resumes(tmp_path, tiny_re
     assert set(first["accuracy"]) == {"trace", "uniform"}
     assert first["accuracy"]["trace"]["n"] == 1
     assert set(first["paired"]["leaves"]) == {"trace"}
+    assert set(first["paired_tokens"]["trace"]) >= {"diff", "p"}
+    assert "trace" in first["tokens_to_grpo_final"]
     saved = json.loads((tmp_path / "results" / "experiment-t.json").read_text())
     assert saved["accuracy"] == first["accuracy"]
     assert (tmp_path / "results" / "experiment-t.png").read_bytes()[:4] == b"\x89PNG"

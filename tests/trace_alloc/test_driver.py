@@ -91,6 +91,7 @@ def test_trace_is_within_caps_and_gives_each_prompt_m_times_n_continuations():
         max_per_prompt=6,
         continuations_per_rollout=2,
         explore_frac=0.0,
+        prefer_unmixed=False,  # the paper's rule: every tree gets its share
     )
     roots_wave = [w for w in result.waves if w.stage == "roots"]
     assert len(roots_wave) == 1 and roots_wave[0].spend.n_leaves == 30  # ⌈90 / 3⌉
