@@ -23,14 +23,23 @@ The simulated policy (docs/trace_alloc.md, "Simulation benchmark"):
 Every allocator runs through `trace_alloc.run_step` with the same question pool each step, for
 `--steps` steps, once with the budget in leaves and once in generated tokens (the token budget
 equals `--leaves-per-step` times the mean tokens of a uniform rollout, measured by a pilot).
-The predictor-based allocators train their own predictor online after each step; its Brier score
-is measured on each step's nodes before it trains on them (held out, prequential).
+The predictor-based allocators train their own predictor online after each step
+(`MemoryPredictor` by default: the text model plus each question's history); its Brier score and
+its root and prefix AUC are measured on each step's nodes before it trains on them (held out,
+prequential).
+
+The default bank (1,000 questions, 128 per step, 60 steps: about 8 epochs) makes questions recur,
+as in real RL; a second, single-pass row (a bank as large as the run, no question seen twice)
+shows what the text model alone generalises, so that memory is not mistaken for it. TRACE is
+compared with GRPO at equal leaves (`uniform`, G = 8) and at equal prompts
+(`uniform[equal prompts]`, G = leaves / TRACE's active prompts).
 
 Run: `python -m benchmarks.alloc_sim --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -43,6 +52,7 @@ from typing import Any
 import numpy as np
 import tyro
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from tqdm import tqdm
 
@@ -50,16 +60,16 @@ from benchmarks.meta import run_meta
 from trace_alloc import (
     BudgetLimit,
     HashedNgramFeaturizer,
+    MemoryPredictor,
     MLPPredictor,
     Prompt,
     Rollout,
     RolloutRequest,
     RolloutTree,
     Turn,
-    calibration_report,
+    learn_from_step,
     make_allocator,
     run_step,
-    training_examples,
 )
 from trace_alloc.base import Allocator, Predictor
 
@@ -76,8 +86,9 @@ class Args:
     """candidate prompts per step (uniform uses the first leaves_per_step / G of them)"""
     group_size: int = 8
     """G of the group-based allocators"""
-    n_questions: int = 4000
-    """question bank size; the pool walks through it epoch by epoch"""
+    n_questions: int = 1000
+    """question bank size; the pool walks through it epoch by epoch (1,000 questions at 128 per
+    step recur about every 8 steps: the multi-epoch regime of real RL)"""
     concentration: float = 3.0
     """κ of the per-turn Beta martingale: each search resolves 1 / (κ + 1) of the variance"""
     text_signal_std: float = 3.0
@@ -88,6 +99,19 @@ class Args:
     """policy ability θ at step 0 (logit scale)"""
     ability_gain: float = 1.0
     """θ grows by this much over the run"""
+    memory: bool = True
+    """predictor-based allocators use `MemoryPredictor` (text model + each question's history);
+    False: the text model alone (the paper's Ṽψ)"""
+    prior_strength: float = 2.0
+    """MemoryPredictor: bare rollouts the text model's prediction is worth"""
+    memory_decay: float = 0.95
+    """MemoryPredictor: weight kept per step by a past outcome"""
+    replay_size: int = 2048
+    """MemoryPredictor: root examples replayed into each text-model update"""
+    single_pass: bool = True
+    """also run uniform and trace on a bank where no question recurs (the second row)"""
+    variants: tuple[str, ...] = ()
+    """run only these variants (default: all); uniform and trace are always run"""
     seed: int = 0
     """seed of the world, the pools and every allocator"""
     plot: Path = Path("benchmarks/results/alloc_sim.png")
@@ -101,7 +125,10 @@ class Args:
 
     def __post_init__(self) -> None:
         if self.quick:
-            self.steps, self.leaves_per_step, self.pool_size, self.n_questions = 4, 96, 32, 400
+            self.steps, self.leaves_per_step, self.pool_size, self.n_questions = 4, 96, 32, 64
+        unknown = sorted(set(self.variants) - set(VARIANTS))
+        if unknown:
+            raise SystemExit(f"unknown variant(s) {unknown}; choose from {sorted(VARIANTS)}")
 
 
 # --- the simulated world ---
@@ -263,7 +290,9 @@ class OraclePredictor:
             [ex.truth[h] if h in ex.truth else ex.root_p(by_text[h]) for h in histories]
         )
 
-    def update(self, histories: Sequence[str], targets: np.ndarray) -> dict[str, float]:
+    def update(
+        self, histories: Sequence[str], targets: np.ndarray, **_: np.ndarray | None
+    ) -> dict[str, float]:
         """Nothing to learn."""
         return {}
 
@@ -293,8 +322,11 @@ class Series:
     tool_calls: list[int] = field(default_factory=list)
     alloc_ms: list[float] = field(default_factory=list)
     waves: list[int] = field(default_factory=list)
+    n_roots: list[int] = field(default_factory=list)
     brier: list[float] = field(default_factory=list)
     auc: list[float] = field(default_factory=list)
+    auc_root: list[float] = field(default_factory=list)
+    auc_prefix: list[float] = field(default_factory=list)
     carry: float = 0.0
 
 
@@ -311,15 +343,22 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "trace[stage1 only]": ("trace", {"continuations_per_rollout": 0}),
     "trace[m_i >= 4]": ("trace", {"min_per_prompt": 4}),
     "trace[m_i >= 8]": ("trace", {"min_per_prompt": 8}),
+    "trace[m_i >= 2]": ("trace", {"min_per_prompt": 2}),
+    "trace[all trees]": ("trace", {"prefer_unmixed": False}),
+    "trace[no memory]": ("trace", {}),
     "trace[oracle]": ("trace", {}),
+    "uniform[equal prompts]": ("uniform", {}),
 }
+"""Every row of the leaf-budget table. `uniform` is GRPO at equal leaves (G = 8);
+`uniform[equal prompts]` is GRPO over as many prompts as TRACE activates (G = leaves / TRACE's
+active prompts), so that a share is compared with a share at the same number of prompts."""
 MAIN = ("uniform", "dynamic_sampling", "prompt_predictor", "random_tree", "entropy_tree", "trace")
 
 
-def build(variant: str, args: Args) -> Allocator:
+def build(variant: str, args: Args, group_size: int | None = None) -> Allocator:
     """The allocator behind a variant name, with the benchmark's shared settings."""
     name, extra = VARIANTS[variant]
-    group = {"group_size": args.group_size}
+    group = {"group_size": group_size or args.group_size}
     config: dict[str, Any] = {
         "uniform": group,
         "dynamic_sampling": {
@@ -335,15 +374,33 @@ def build(variant: str, args: Args) -> Allocator:
     return make_allocator(name, **config, **extra)
 
 
+def make_predictor(args: Args, *, memory: bool) -> Predictor:
+    """The learned predictor: the hashed n-gram MLP, with each question's memory if asked."""
+    text = MLPPredictor(HashedNgramFeaturizer(), seed=args.seed)
+    if not memory:
+        return text
+    return MemoryPredictor(
+        text,
+        prior_strength=args.prior_strength,
+        decay=args.memory_decay,
+        replay_size=args.replay_size,
+    )
+
+
 def run_variant(
-    variant: str, world: World, args: Args, budget: BudgetLimit, tokens_per_leaf: float
+    variant: str,
+    world: World,
+    args: Args,
+    budget: BudgetLimit,
+    tokens_per_leaf: float,
+    group_size: int | None = None,
 ) -> Series:
     """Run one allocator for `args.steps` steps and collect its series."""
-    allocator = build(variant, args)
+    allocator = build(variant, args, group_size)
     oracle = OraclePredictor(world) if variant.endswith("[oracle]") else None
     predictor: Predictor | None = oracle
     if oracle is None and allocator.uses_predictor:
-        predictor = MLPPredictor(HashedNgramFeaturizer(), seed=args.seed)
+        predictor = make_predictor(args, memory=args.memory and "[no memory]" not in variant)
     series = Series()
     carry, estimate = 0.0, tokens_per_leaf
     for step in range(args.steps):
@@ -378,12 +435,13 @@ def run_variant(
         series.tool_calls.append(result.spent.n_tool_calls)
         series.alloc_ms.append(1e3 * result.alloc_s)
         series.waves.append(len(result.waves))
+        series.n_roots.append(sum(len(t.root.children) for t in result.trees))
         if predictor is not None and oracle is None:
-            histories, targets, counts = training_examples(result.trees)
-            report = calibration_report(predictor.predict(histories), targets, counts)
-            series.brier.append(report.brier)
-            series.auc.append(report.auc)
-            predictor.update(histories, targets)
+            metrics = learn_from_step(predictor, result.trees)  # scored before it learns
+            series.brier.append(metrics["predictor/brier"])
+            series.auc.append(metrics["predictor/auc"])
+            series.auc_root.append(metrics["predictor/auc_root"])
+            series.auc_prefix.append(metrics["predictor/auc_prefix"])
     series.carry = carry
     return series
 
@@ -407,13 +465,15 @@ def pilot_tokens_per_leaf(world: World, args: Args) -> float:
     return float(np.mean(spent))
 
 
-def summarise(series: Series) -> dict[str, float]:
-    """Per-step means (and the predictor's early and late Brier)."""
+def summarise(series: Series, first_epoch: int) -> dict[str, float]:
+    """Per-step means (and the predictor's early and late Brier, its AUCs after epoch 1)."""
     k = max(1, len(series.brier) // 4)
+    later = slice(min(first_epoch, max(0, len(series.auc_root) - 1)), None)
     return {
         "effective_ratio": float(np.mean(series.effective_ratio)),
         "n_active": float(np.mean(series.n_active)),
         "n_mixed": float(np.mean(series.n_mixed)),
+        "roots_per_active": float(np.sum(series.n_roots) / max(1, np.sum(series.n_active))),
         "kept_effective_ratio": float(np.sum(series.n_kept_mixed) / max(1, np.sum(series.n_kept))),
         "n_kept_mixed": float(np.mean(series.n_kept_mixed)),
         "mixed_prefix_anchors": float(np.mean(series.mixed_prefix_anchors)),
@@ -423,14 +483,30 @@ def summarise(series: Series) -> dict[str, float]:
         "alloc_ms_median": float(statistics.median(series.alloc_ms)),
         "waves": float(np.mean(series.waves)),
         "final_carry": float(series.carry),
-        "brier_first": float(np.mean(series.brier[:k])) if series.brier else float("nan"),
-        "brier_last": float(np.mean(series.brier[-k:])) if series.brier else float("nan"),
-        "auc_last": float(np.nanmean(series.auc[-k:])) if series.auc else float("nan"),
+        "brier_first": _mean(series.brier[:k]),
+        "brier_last": _mean(series.brier[-k:]),
+        "auc_last": _mean(series.auc[-k:]),
+        "auc_root_after_epoch1": _mean(series.auc_root[later]),
+        "auc_prefix_after_epoch1": _mean(series.auc_prefix[later]),
+        "auc_root_second_half": _mean(series.auc_root[len(series.auc_root) // 2 :]),
     }
 
 
-def main(args: Args) -> dict[str, Any]:
-    """Run every allocator in both currencies; return the figures."""
+def _mean(values: Sequence[float]) -> float:
+    """Mean ignoring NaN (a step without both outcomes); NaN when nothing is left."""
+    finite = [v for v in values if not math.isnan(v)]
+    return float(np.mean(finite)) if finite else float("nan")
+
+
+def run_world(
+    args: Args, variants: Sequence[str], tokens_variants: Sequence[str]
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, Series]], dict[str, int]]:
+    """Every variant on one world, leaves then tokens; GRPO at equal prompts follows TRACE.
+
+    Returns:
+        `(table, runs, budget)`: per currency and variant the summary and the series, and the
+        per-step budgets.
+    """
     world = World(args)
     tokens_per_leaf = pilot_tokens_per_leaf(world, args)
     budgets = {
@@ -439,36 +515,74 @@ def main(args: Args) -> dict[str, Any]:
             currency="tokens", per_step=round(args.leaves_per_step * tokens_per_leaf)
         ),
     }
+    first_epoch = math.ceil(args.n_questions / args.pool_size)
     runs: dict[str, dict[str, Series]] = {"leaves": {}, "tokens": {}}
-    jobs = [("leaves", v) for v in VARIANTS] + [("tokens", v) for v in MAIN]
+    # trace first: GRPO at equal prompts takes its group size from TRACE's active prompts
+    order = sorted(variants, key=lambda v: (v == "uniform[equal prompts]", v != "trace"))
+    jobs = [("leaves", v) for v in order] + [("tokens", v) for v in tokens_variants]
     for currency, variant in tqdm(
         jobs, desc="allocators", disable=not args.progress, file=sys.stderr
     ):
+        group_size = None
+        if variant == "uniform[equal prompts]":
+            active = float(np.mean(runs["leaves"]["trace"].n_active))
+            group_size = max(2, round(args.leaves_per_step / max(active, 1.0)))
         runs[currency][variant] = run_variant(
-            variant, world, args, budgets[currency], tokens_per_leaf
+            variant, world, args, budgets[currency], tokens_per_leaf, group_size
         )
-    table = {cur: {v: summarise(s) for v, s in by.items()} for cur, by in runs.items()}
+    table = {cur: {v: summarise(s, first_epoch) for v, s in by.items()} for cur, by in runs.items()}
+    budget = {
+        "leaves_per_step": args.leaves_per_step,
+        "tokens_per_step": budgets["tokens"].per_step,
+        "pilot_tokens_per_leaf": tokens_per_leaf,
+        "pool_size": args.pool_size,
+        "n_questions": args.n_questions,
+        "epochs": args.steps * args.pool_size / args.n_questions,
+    }
+    return table, runs, budget
+
+
+def comparison(leaves: dict[str, dict[str, float]]) -> dict[str, float]:
+    """TRACE against GRPO at equal leaves (G = 8) and at equal prompts, side by side."""
+    trace, grpo = leaves["trace"], leaves["uniform"]
+    out = {
+        "trace_over_uniform_share": trace["effective_ratio"] / grpo["effective_ratio"],
+        "trace_over_uniform_mixed_prompts": trace["n_mixed"] / max(grpo["n_mixed"], 1e-9),
+    }
+    if "uniform[equal prompts]" in leaves:
+        eq = leaves["uniform[equal prompts]"]
+        out["trace_over_equal_prompts_share"] = trace["effective_ratio"] / eq["effective_ratio"]
+        out["trace_over_equal_prompts_mixed_prompts"] = trace["n_mixed"] / max(eq["n_mixed"], 1e-9)
+    return out
+
+
+def main(args: Args) -> dict[str, Any]:
+    """Run every allocator in both currencies (and the single-pass row); return the figures."""
+    variants = list(VARIANTS)
+    if args.variants:
+        variants = [v for v in VARIANTS if v in {"uniform", "trace", *args.variants}]
+    main_rows = [v for v in MAIN if v in variants]
+    table, runs, budget = run_world(args, variants, main_rows)
     leaves, tokens = table["leaves"], table["tokens"]
     result: dict[str, Any] = {
-        "effective_ratio": {v: leaves[v]["effective_ratio"] for v in MAIN},
+        "effective_ratio": {v: leaves[v]["effective_ratio"] for v in main_rows},
+        "mixed_prompts": {v: leaves[v]["n_mixed"] for v in main_rows},
         "trace_over_uniform": leaves["trace"]["effective_ratio"]
         / leaves["uniform"]["effective_ratio"],
-        # effective groups the trainer gets at equal generated tokens: TRACE's mixed trees
-        # against the mixed groups DAPO keeps (its batch is all mixed by construction)
-        "trace_over_dynamic_sampling_tokens": tokens["trace"]["n_mixed"]
-        / max(tokens["dynamic_sampling"]["n_kept_mixed"], 1e-9),
-        "mixed_prefix_anchors": {v: leaves[v]["mixed_prefix_anchors"] for v in MAIN},
-        "budget": {
-            "leaves_per_step": args.leaves_per_step,
-            "tokens_per_step": budgets["tokens"].per_step,
-            "pilot_tokens_per_leaf": tokens_per_leaf,
-        },
+        **comparison(leaves),
+        "root_auc_after_epoch1": leaves["trace"]["auc_root_after_epoch1"],
+        "prefix_auc_after_epoch1": leaves["trace"]["auc_prefix_after_epoch1"],
+        "mixed_prefix_anchors": {v: leaves[v]["mixed_prefix_anchors"] for v in main_rows},
+        "budget": budget,
         "table": table,
         "series": {
             cur: {
                 v: {
                     "effective_ratio": s.effective_ratio,
+                    "n_mixed": s.n_mixed,
                     "brier": s.brier,
+                    "auc_root": s.auc_root,
+                    "auc_prefix": s.auc_prefix,
                     "mixed_prefix_anchors": s.mixed_prefix_anchors,
                 }
                 for v, s in by.items()
@@ -477,12 +591,33 @@ def main(args: Args) -> dict[str, Any]:
         },
         "meta": run_meta(),
     }
+    if "dynamic_sampling" in tokens:
+        # effective groups the trainer gets at equal generated tokens: TRACE's mixed trees
+        # against the mixed groups DAPO keeps (its batch is all mixed by construction)
+        result["trace_over_dynamic_sampling_tokens"] = tokens["trace"]["n_mixed"] / max(
+            tokens["dynamic_sampling"]["n_kept_mixed"], 1e-9
+        )
+    if args.single_pass:
+        once = dataclasses.replace(
+            args, quick=False, n_questions=max(args.n_questions, args.steps * args.pool_size)
+        )
+        single, _, single_budget = run_world(
+            once, ["uniform", "trace", "uniform[equal prompts]"], []
+        )
+        rows = single["leaves"]
+        result["single_pass"] = {
+            "effective_ratio": {v: r["effective_ratio"] for v, r in rows.items()},
+            "mixed_prompts": {v: r["n_mixed"] for v, r in rows.items()},
+            **comparison(rows),
+            "root_auc_second_half": rows["trace"]["auc_root_second_half"],
+            "n_questions": single_budget["n_questions"],
+            "table": rows,
+        }
     result["targets"] = {
-        "trace_over_uniform >= 2.3": result["trace_over_uniform"] >= 2.3,
-        "trace_over_dynamic_sampling_tokens >= 1.2": result["trace_over_dynamic_sampling_tokens"]
-        >= 1.2,
-        "trace mixed prefix anchors > random_tree": leaves["trace"]["mixed_prefix_anchors"]
-        > leaves["random_tree"]["mixed_prefix_anchors"],
+        "trace_over_uniform_share >= 1.8": result["trace_over_uniform_share"] >= 1.8,
+        "trace_over_uniform_mixed_prompts >= 1.5": result["trace_over_uniform_mixed_prompts"]
+        >= 1.5,
+        "root_auc_after_epoch1 >= 0.85": result["root_auc_after_epoch1"] >= 0.85,
     }
     if args.plot.name:  # `--plot ""` parses as Path("."): no figure
         save_plot(result, args.plot)
@@ -490,42 +625,55 @@ def main(args: Args) -> dict[str, Any]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    """The per-allocator table (stderr), one block per currency."""
-    console = Console(stderr=True, width=170)
-    columns = ("allocator", "eff. ratio", "active", "mixed", "kept mixed", "mixed prefixes",
-               "leaves", "tokens", "tool calls", "alloc ms", "Brier first→last", "AUC")  # fmt: skip
-    for currency, rows in result["table"].items():
+    """The per-allocator table (stderr), one block per currency, then the single-pass row."""
+    console = Console(stderr=True, width=190)
+    blocks = [(f"budget in {cur}", cur, rows) for cur, rows in result["table"].items()]
+    if "single_pass" in result:
+        n = result["single_pass"]["n_questions"]
+        blocks.append((f"single pass ({n:,} questions, none recurs)", "leaves",
+                       result["single_pass"]["table"]))  # fmt: skip
+    columns = ("allocator", "eff. ratio", "active", "mixed", "roots/active", "mixed prefixes",
+               "leaves", "tokens", "alloc ms", "Brier first→last", "AUC root",
+               "AUC prefix")  # fmt: skip
+    for title, currency, rows in blocks:
         per_step = result["budget"][f"{currency}_per_step"]
-        table = Table(title=f"budget in {currency} ({per_step:,} per step)")
+        table = Table(title=f"{title} ({per_step:,} {currency} per step)")
         for col in columns:
             table.add_column(col, justify="right")
         for name, r in rows.items():
             table.add_row(
-                name,
+                escape(name),  # `trace[oracle]` is not rich markup
                 f"{100 * r['effective_ratio']:.1f}%",
                 f"{r['n_active']:.1f}",
                 f"{r['n_mixed']:.1f}",
-                f"{r['n_kept_mixed']:.1f}",
+                f"{r['roots_per_active']:.1f}",
                 f"{r['mixed_prefix_anchors']:.1f}",
                 f"{r['leaves']:.0f}",
                 f"{r['tokens']:,.0f}",
-                f"{r['tool_calls']:.0f}",
                 f"{r['alloc_ms_median']:.1f}",
                 "-"
                 if math.isnan(r["brier_first"])
                 else f"{r['brier_first']:.3f}→{r['brier_last']:.3f}",
-                "-" if math.isnan(r["auc_last"]) else f"{r['auc_last']:.3f}",
+                _fmt(r["auc_root_after_epoch1"]),
+                _fmt(r["auc_prefix_after_epoch1"]),
             )
         console.print(table)
     console.print(
-        f"TRACE / uniform effective ratio: {result['trace_over_uniform']:.2f}x; "
-        f"TRACE / DAPO effective groups at equal tokens: "
-        f"{result['trace_over_dynamic_sampling_tokens']:.2f}x; targets: {result['targets']}"
+        "TRACE / GRPO at equal leaves: share "
+        f"{result['trace_over_uniform_share']:.2f}x, mixed prompts "
+        f"{result['trace_over_uniform_mixed_prompts']:.2f}x; at equal prompts: share "
+        f"{result.get('trace_over_equal_prompts_share', float('nan')):.2f}x, mixed prompts "
+        f"{result.get('trace_over_equal_prompts_mixed_prompts', float('nan')):.2f}x; root AUC "
+        f"after epoch 1 {result['root_auc_after_epoch1']:.3f}; targets: {result['targets']}"
     )
 
 
+def _fmt(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.3f}"
+
+
 def save_plot(result: dict[str, Any], path: Path) -> None:
-    """Effective ratio, mixed prefix anchors and predictor Brier per step."""
+    """Effective ratio, mixed prompts and the predictor's root / prefix AUC per step."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -533,20 +681,19 @@ def save_plot(result: dict[str, Any], path: Path) -> None:
 
     series = result["series"]["leaves"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    for name in (*MAIN, "trace[oracle]"):
+    for name in (*MAIN, "trace[no memory]", "trace[oracle]"):
+        if name not in series:
+            continue
         s = series[name]
         style = {"linestyle": "--", "color": "k"} if name == "trace[oracle]" else {}
         axes[0].plot(_smooth(s["effective_ratio"]), label=name, **style)
-        axes[1].plot(_smooth(s["mixed_prefix_anchors"]), label=name, **style)
-        if s["brier"]:
-            axes[2].plot(s["brier"], label=name)
-    axes[0].set(
-        title="effective ratio (leaf budget; uniform = dynamic_sampling)",
-        xlabel="step",
-        ylabel="mixed / active prompts",
-    )
-    axes[1].set(title="mixed prefix anchors per step", xlabel="step")
-    axes[2].set(title="predictor Brier on next step's nodes", xlabel="step")
+        axes[1].plot(_smooth(s["n_mixed"]), label=name, **style)
+        if s["auc_root"]:
+            (line,) = axes[2].plot(_smooth(s["auc_root"]), label=f"{name} root")
+            axes[2].plot(_smooth(s["auc_prefix"]), linestyle=":", color=line.get_color())
+    axes[0].set(title="effective ratio (leaf budget)", xlabel="step", ylabel="mixed / active")
+    axes[1].set(title="mixed prompts per step", xlabel="step")
+    axes[2].set(title="predictor AUC before learning the step (root; prefix dotted)", xlabel="step")
     for ax in axes:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)

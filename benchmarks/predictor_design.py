@@ -109,7 +109,8 @@ class CachedFeaturizer:
 
 def simulate(args: Args) -> list[StepData]:
     """random_tree steps on the simulated agent, with the true V of every node."""
-    sim = SimArgs(steps=args.steps, seed=args.seed, pool_size=128)
+    # the single-pass world its recorded figures were measured on (no question recurs)
+    sim = SimArgs(steps=args.steps, seed=args.seed, pool_size=128, n_questions=4000)
     world = World(sim)
     allocator = make_allocator("random_tree")
     data = []
@@ -124,7 +125,8 @@ def simulate(args: Args) -> list[StepData]:
             budget=BudgetLimit(per_step=args.leaves_per_step),
             rng=np.random.default_rng((args.seed, step, 6)),
         )
-        histories, targets, counts = training_examples(result.trees)
+        ex = training_examples(result.trees)
+        histories, targets, counts = list(ex.histories), ex.targets, ex.n_leaves
         roots = {t.prompt_text: world.by_id[t.prompt_id] for t in result.trees}
         truth = np.array(
             [executor.root_p(roots[h]) if h in roots else executor.truth[h] for h in histories]
