@@ -547,6 +547,79 @@ def _paired(runs: dict[str, dict[str, Any]], series: str, method: str) -> dict[s
             "fresh_em_diff": _mean_std(fresh)}  # fmt: skip
 
 
+def _em_curve(summary: dict[str, Any], start_em: float) -> tuple[list[float], list[float]]:
+    """Held-out EM against cumulative generated tokens: the start, then each evaluation."""
+    xs, ys = [0.0], [start_em]
+    for at in sorted(int(k) for k in summary["evals"]):
+        xs.append(float(summary["tokens_by_step"][at - 1]))
+        ys.append(float(summary["evals"][str(at)]["heldout"]["em"]))
+    return xs, ys
+
+
+def _main_by_seed(runs: dict[str, dict[str, Any]], series: str) -> dict[int, dict[str, Any]]:
+    by_seed: dict[int, dict[str, Any]] = {}
+    for s in runs.values():
+        if s["group"] == "main" and s["series"] == series:
+            by_seed.setdefault(s["seed"], {})[s["label"]] = s
+    return by_seed
+
+
+def _paired_tokens(
+    runs: dict[str, dict[str, Any]], start_em: float, method: str
+) -> dict[str, Any] | None:
+    """`method` minus GRPO in held-out EM at equal generated tokens, paired over seeds.
+
+    Each seed compares both curves at the smaller of their final token totals (the token
+    series, whose budgets are equal by construction, when it was run; else the leaf series).
+    """
+    import numpy as np
+    from scipy import stats
+
+    series = "tokens" if any(s["series"] == "tokens" for s in runs.values()) else "leaves"
+    diffs = []
+    for pair in _main_by_seed(runs, series).values():
+        if method in pair and BASELINE in pair:
+            a, b = _em_curve(pair[method], start_em), _em_curve(pair[BASELINE], start_em)
+            at = min(a[0][-1], b[0][-1])
+            diffs.append(float(np.interp(at, *a) - np.interp(at, *b)))  # piecewise linear
+    if not diffs:
+        return None
+    p = float(stats.ttest_1samp(diffs, 0.0).pvalue) if len(diffs) > 1 else float("nan")
+    return {"diff": sum(diffs) / len(diffs), "p": p, "diffs": diffs, "series": series}
+
+
+def _tokens_to_grpo_final(
+    runs: dict[str, dict[str, Any]], start_em: float, method: str
+) -> float | None:
+    """Tokens `method` needs to reach GRPO's final held-out EM, over the tokens GRPO spent.
+
+    On the seed-mean curves (EM and tokens averaged at each evaluation), first crossing by
+    linear interpolation; None when `method` never reaches it (or either is missing).
+    """
+    series = "tokens" if any(s["series"] == "tokens" for s in runs.values()) else "leaves"
+    curves: dict[str, tuple[list[float], list[float]]] = {}
+    for label in (method, BASELINE):
+        members = [
+            _em_curve(s, start_em)
+            for s in runs.values()
+            if s["group"] == "main" and s["series"] == series and s["label"] == label
+        ]
+        if not members or len({len(m[0]) for m in members}) != 1:
+            return None
+        curves[label] = (
+            [sum(m[0][i] for m in members) / len(members) for i in range(len(members[0][0]))],
+            [sum(m[1][i] for m in members) / len(members) for i in range(len(members[0][1]))],
+        )
+    goal_x, goal_y = curves[BASELINE][0][-1], curves[BASELINE][1][-1]
+    xs, ys = curves[method]
+    for i in range(1, len(xs)):
+        (x0, y0), (x1, y1) = (xs[i - 1], ys[i - 1]), (xs[i], ys[i])
+        if y1 >= goal_y:
+            x = x1 if y1 == y0 or y0 >= goal_y else x0 + (x1 - x0) * (goal_y - y0) / (y1 - y0)
+            return x / goal_x if goal_x > 0 else None
+    return None
+
+
 # --- outputs ------------------------------------------------------------------------------------
 
 
@@ -567,22 +640,27 @@ def _plot(runs: dict[str, dict[str, Any]], start: dict[str, Any], path: Path) ->
             members = [s for s in main if s["label"] == method]
             if not members:
                 continue
-            steps = sorted(int(k) for k in members[0]["evals"])
-            xs, ys, errs = [0.0], [start["heldout"]["em"]], [0.0]
-            for at in steps:
-                spent = [s[f"{unit}_by_step"][at - 1] for s in members]
-                ems = _mean_std([s["evals"][str(at)]["heldout"]["em"] for s in members])
-                xs.append(sum(spent) / len(spent))
-                ys.append(ems["mean"])
-                errs.append(ems["std"])
-            axes[0][col].errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=method)
+            # held-out EM against cumulative generated tokens (both series), band = ± std
+            curves = [_em_curve(s, start["heldout"]["em"]) for s in members]
+            points = min(len(c[0]) for c in curves)
+            xs = [sum(c[0][i] for c in curves) / len(curves) for i in range(points)]
+            ems = [_mean_std([c[1][i] for c in curves]) for i in range(points)]
+            ys = [e["mean"] for e in ems]
+            (line,) = axes[0][col].plot(xs, ys, marker="o", label=method)
+            axes[0][col].fill_between(
+                xs,
+                [e["mean"] - e["std"] for e in ems],
+                [e["mean"] + e["std"] for e in ems],
+                color=line.get_color(),
+                alpha=0.2,
+            )
             ratios = [s["effective_ratio_by_step"] for s in members]
             length = min(len(r) for r in ratios)
             mean_ratio = [sum(r[i] for r in ratios) / len(ratios) for i in range(length)]
             axes[1][col].plot(range(1, length + 1), mean_ratio, marker=".", label=method)
         axes[0][col].set(
-            title=f"budget in {unit}: held-out EM (mean ± std over seeds)",
-            xlabel=f"{unit} spent",
+            title=f"budget in {unit}: held-out EM (band: ± std over seeds)",
+            xlabel="generated tokens spent",
             ylabel="sampled EM",
         )
         axes[1][col].set(
@@ -758,6 +836,15 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
     _run_all(specs, context, on_done)
     bar.close()
     cells = _aggregate(runs)
+    start_em = float(start_eval["heldout"]["em"])
+    paired_tokens = {
+        m: d
+        for m in config.methods
+        if m != BASELINE and (d := _paired_tokens(runs, start_em, m)) is not None
+    }
+    tokens_to_grpo_final = {
+        m: _tokens_to_grpo_final(runs, start_em, m) for m in config.methods if m != BASELINE
+    }
     paired: dict[str, dict[str, Any]] = {}
     for series in ("leaves", "tokens"):
         for method in config.methods:
@@ -781,6 +868,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         "start_eval": start_eval,
         "cells": cells,
         "paired": paired,
+        "paired_tokens": paired_tokens,
+        "tokens_to_grpo_final": tokens_to_grpo_final,
         "runs": runs,
         "wall_s": time.perf_counter() - started,
         "files": {k: str(v) for k, v in files.items()},
@@ -849,7 +938,8 @@ def cli(argv: Sequence[str] | None = None) -> int:
 
     Console(stderr=config.json).print(Markdown(Path(result["files"]["markdown"]).read_text()))
     if config.json:
-        keys = ("accuracy", "f1", "effective_ratio", "tokens_per_step", "paired", "files")
+        keys = ("accuracy", "f1", "effective_ratio", "tokens_per_step", "paired",
+                "paired_tokens", "tokens_to_grpo_final", "files")  # fmt: skip
         print(json.dumps({k: result[k] for k in keys}, default=str))
     return 0
 
