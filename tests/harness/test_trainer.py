@@ -144,11 +144,14 @@ def test_the_constant_predictor_is_the_predictor_off_ablation():
 
 def test_both_trainers_build_the_predictor_the_config_names():
     from harness.trainer import ConstantPredictor, PredictorConfig, make_predictor
-    from trace_alloc import MLPPredictor
+    from trace_alloc import MemoryPredictor, MLPPredictor
 
     constant = make_predictor(PredictorConfig(kind="constant", prior=0.3), seed=0)
     assert isinstance(constant, ConstantPredictor) and constant.p == 0.3
-    assert isinstance(make_predictor(PredictorConfig(), seed=0), MLPPredictor)
+    remembering = make_predictor(PredictorConfig(prior_strength=3.0), seed=0)
+    assert isinstance(remembering, MemoryPredictor) and remembering.prior_strength == 3.0
+    assert isinstance(remembering.text_model, MLPPredictor)
+    assert isinstance(make_predictor(PredictorConfig(memory=False), seed=0), MLPPredictor)
 
 
 def test_the_data_cursor_is_seeded_distinct_and_resumable():
@@ -325,6 +328,8 @@ KEYS = {
     "rollout/searches_per_episode",
     "predictor/brier",
     "predictor/auc",
+    "predictor/auc_root",  # roots and prefixes apart, every step
+    "predictor/auc_prefix",
     "policy/entropy",
     "policy/kl",
     "loss/policy",
