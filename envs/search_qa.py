@@ -588,6 +588,7 @@ class SearchQAEnv(gym.Env[str, str]):
             f1_threshold=config.f1_threshold,
             max_doc_chars=config.max_doc_chars,
             prompt_sha256=config.prompt_sha256,
+            protocol=config.protocol,
             task_id=None if ep is None else ep.task.task_id,
             index_id=self._index_id() if ep is None else ep.index_id,
             turns=self.history,
@@ -626,6 +627,7 @@ class SearchQAEnv(gym.Env[str, str]):
             "f1_threshold": config.f1_threshold,
             "max_doc_chars": config.max_doc_chars,
             "prompt_sha256": config.prompt_sha256,
+            "protocol": config.protocol,
         }
         for name, value in expected.items():
             if getattr(snap, name) != value:

@@ -93,6 +93,7 @@ def check_snapshot_schema(snap: EnvSnapshot) -> None:
         ("f1_threshold", snap.f1_threshold, (float, int)),
         ("max_doc_chars", snap.max_doc_chars, int),
         ("prompt_sha256", snap.prompt_sha256, str),
+        ("protocol", snap.protocol, str),
         ("task_id", snap.task_id, (str, type(None))),
         ("index_id", snap.index_id, str),
         ("turns", snap.turns, (tuple, list)),
@@ -108,6 +109,7 @@ def check_snapshot_schema(snap: EnvSnapshot) -> None:
         "env": (snap.env, _MAX_ID_CHARS),
         "reward": (snap.reward, _MAX_ID_CHARS),
         "prompt_sha256": (snap.prompt_sha256, _MAX_ID_CHARS),
+        "protocol": (snap.protocol, _MAX_ID_CHARS),
         "task_id": (snap.task_id or "", _MAX_ID_CHARS),
         "index_id": (snap.index_id, _MAX_ID_CHARS),
         "rng_state": (snap.rng_state or "", _MAX_RNG_STATE_CHARS),
@@ -195,6 +197,8 @@ class EnvSnapshot:
         env: the env class name.
         max_turns, top_k, reward, f1_threshold, max_doc_chars: the env's configuration.
         prompt_sha256: hash of the prompt template.
+        protocol: the env's protocol ("trace-rl" or "search-r1"); absent from snapshots
+            written before it existed, which were all "trace-rl".
         task_id: the episode's task, or None before the first `reset`.
         index_id: the retriever's index id when the episode started.
         turns: the episode's turns so far, oldest first.
@@ -209,6 +213,7 @@ class EnvSnapshot:
     f1_threshold: float
     max_doc_chars: int
     prompt_sha256: str
+    protocol: str = "trace-rl"
     task_id: str | None
     index_id: str
     turns: tuple[TurnRecord, ...] = ()
@@ -231,6 +236,7 @@ class EnvSnapshot:
             "f1_threshold": self.f1_threshold,
             "max_doc_chars": self.max_doc_chars,
             "prompt_sha256": self.prompt_sha256,
+            "protocol": self.protocol,
             "task_id": self.task_id,
             "index_id": self.index_id,
             "turns": [t.to_json() for t in self.turns],
@@ -262,6 +268,7 @@ class EnvSnapshot:
             f1_threshold=float(_typed(record, "f1_threshold", where, (int, float))),
             max_doc_chars=_typed(record, "max_doc_chars", where, int),
             prompt_sha256=_typed(record, "prompt_sha256", where, str),
+            protocol=_typed(record, "protocol", where, str) if "protocol" in record else "trace-rl",
             task_id=_typed(record, "task_id", where, (str, type(None))),
             index_id=_typed(record, "index_id", where, str),
             turns=tuple(TurnRecord.from_json(t) for t in _typed(record, "turns", where, list)),

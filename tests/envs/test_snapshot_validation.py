@@ -257,3 +257,16 @@ def test_the_fuzzer_reaches_both_outcomes():
     record["task_id"] = 7
     with pytest.raises(SnapshotError):
         snapshot_from_json(record)
+
+
+def test_a_snapshot_of_the_other_protocol_is_refused():
+    # the observations differ between protocols, so such a restore would break the fork law
+    exact = SearchQAEnv(TASKS, FakeRetriever(DOCS), max_turns=4, top_k=2, protocol="search-r1")
+    exact.reset(seed=0, options={"task_id": "q1"})
+    exact.step("<search> Acme founder </search>")
+    with pytest.raises(SnapshotError) as info:
+        _env().restore(exact.snapshot())
+    assert info.value.field == "protocol"
+    record = _record()
+    del record["protocol"]  # written before the field existed: trace-rl
+    _env().restore(snapshot_from_json(record))
