@@ -409,7 +409,7 @@ class Trace:
     min_per_prompt: int = 4
     """Smallest non-zero m_i (lowered to the root budget when that is smaller): 4 keeps the
     paper's density of >= 4 bare rollouts per opened prompt; 2 opens prompts with a pair, which
-    buys more mixed prompts when the predictor is sharp and fewer when it is not (D3, D14)."""
+    buys more mixed prompts when the predictor is sharp and fewer when it is not (D3, D17)."""
     continuations_per_rollout: int = 1
     """N: Stage-2 continuations per bare rollout (Σ K = m_i N per prompt); 0 turns Stage 2 off."""
     stage1: Literal["active", "uniform"] = "active"
@@ -426,7 +426,7 @@ class Trace:
     prefer_unmixed: bool = True
     """Stage 2 spends only on trees whose bare rollouts all agree while any has a prefix to
     expand: a flip there makes a new mixed prompt, one in a mixed tree only a mixed prefix
-    (False: every tree gets its share ∝ m_i, the paper's rule; docs/decisions.md, D14)."""
+    (False: every tree gets its share ∝ m_i, the paper's rule; docs/decisions.md, D17)."""
 
     def __post_init__(self) -> None:
         _check_group_size(self.group_size)
