@@ -39,15 +39,12 @@ Run: `python -m benchmarks.alloc_sim --json` (`--quick` for a smoke test).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
-import multiprocessing
 import statistics
 import sys
 from collections.abc import Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,8 +110,6 @@ class Args:
     """MemoryPredictor: root examples replayed into each text-model update"""
     single_pass: bool = True
     """also run uniform and trace on a bank where no question recurs (the second row)"""
-    workers: int = 1
-    """processes running the variants side by side (the figures do not change)"""
     variants: tuple[str, ...] = ()
     """run only these variants (default: all); uniform and trace are always run"""
     seed: int = 0
@@ -504,15 +499,9 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def run_world(
-    args: Args,
-    variants: Sequence[str],
-    tokens_variants: Sequence[str],
-    pool: Executor | None = None,
+    args: Args, variants: Sequence[str], tokens_variants: Sequence[str]
 ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, Series]], dict[str, int]]:
     """Every variant on one world, leaves then tokens; GRPO at equal prompts follows TRACE.
-
-    Each variant is seeded on its own, so running them in `pool`'s processes gives the same
-    figures as running them one after another.
 
     Returns:
         `(table, runs, budget)`: per currency and variant the summary and the series, and the
@@ -528,26 +517,19 @@ def run_world(
     }
     first_epoch = math.ceil(args.n_questions / args.pool_size)
     runs: dict[str, dict[str, Series]] = {"leaves": {}, "tokens": {}}
-    # GRPO at equal prompts takes its group size from TRACE's active prompts: it runs last
-    equal = "uniform[equal prompts]"
-    jobs = [("leaves", v, None) for v in variants if v != equal]
-    jobs += [("tokens", v, None) for v in tokens_variants]
-    for phase in (jobs, [("leaves", equal, None)] if equal in variants else []):
-        if phase and phase[0][1] == equal:
+    # trace first: GRPO at equal prompts takes its group size from TRACE's active prompts
+    order = sorted(variants, key=lambda v: (v == "uniform[equal prompts]", v != "trace"))
+    jobs = [("leaves", v) for v in order] + [("tokens", v) for v in tokens_variants]
+    for currency, variant in tqdm(
+        jobs, desc="allocators", disable=not args.progress, file=sys.stderr
+    ):
+        group_size = None
+        if variant == "uniform[equal prompts]":
             active = float(np.mean(runs["leaves"]["trace"].n_active))
-            phase = [("leaves", equal, max(2, round(args.leaves_per_step / max(active, 1.0))))]
-        calls = [
-            (variant, world, args, budgets[cur], tokens_per_leaf, group)
-            for cur, variant, group in phase
-        ]
-        if pool is None:
-            done = [
-                run_variant(*c) for c in tqdm(calls, disable=not args.progress, file=sys.stderr)
-            ]
-        else:
-            done = [f.result() for f in [pool.submit(run_variant, *c) for c in calls]]
-        for (cur, variant, _), series in zip(phase, done, strict=True):
-            runs[cur][variant] = series
+            group_size = max(2, round(args.leaves_per_step / max(active, 1.0)))
+        runs[currency][variant] = run_variant(
+            variant, world, args, budgets[currency], tokens_per_leaf, group_size
+        )
     table = {cur: {v: summarise(s, first_epoch) for v, s in by.items()} for cur, by in runs.items()}
     budget = {
         "leaves_per_step": args.leaves_per_step,
@@ -580,26 +562,7 @@ def main(args: Args) -> dict[str, Any]:
     if args.variants:
         variants = [v for v in VARIANTS if v in {"uniform", "trace", *args.variants}]
     main_rows = [v for v in MAIN if v in variants]
-    once = dataclasses.replace(
-        args, quick=False, n_questions=max(args.n_questions, args.steps * args.pool_size)
-    )
-    with contextlib.ExitStack() as stack:
-        pool = None
-        if args.workers > 1:
-            pool = stack.enter_context(
-                ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("fork"))
-            )
-        threads = stack.enter_context(ThreadPoolExecutor(2))  # both worlds share the pool
-        main_world = threads.submit(run_world, args, variants, main_rows, pool)
-        single_world = (
-            threads.submit(
-                run_world, once, ["uniform", "trace", "uniform[equal prompts]"], [], pool
-            )
-            if args.single_pass
-            else None
-        )
-        table, runs, budget = main_world.result()
-        single_run = single_world.result() if single_world is not None else None
+    table, runs, budget = run_world(args, variants, main_rows)
     leaves, tokens = table["leaves"], table["tokens"]
     result: dict[str, Any] = {
         "effective_ratio": {v: leaves[v]["effective_ratio"] for v in main_rows},
@@ -634,8 +597,13 @@ def main(args: Args) -> dict[str, Any]:
         result["trace_over_dynamic_sampling_tokens"] = tokens["trace"]["n_mixed"] / max(
             tokens["dynamic_sampling"]["n_kept_mixed"], 1e-9
         )
-    if single_run is not None:
-        single, _, single_budget = single_run
+    if args.single_pass:
+        once = dataclasses.replace(
+            args, quick=False, n_questions=max(args.n_questions, args.steps * args.pool_size)
+        )
+        single, _, single_budget = run_world(
+            once, ["uniform", "trace", "uniform[equal prompts]"], []
+        )
         rows = single["leaves"]
         result["single_pass"] = {
             "effective_ratio": {v: r["effective_ratio"] for v, r in rows.items()},
