@@ -12,7 +12,11 @@ their prefix, so each request goes to the engine that already holds the longest 
 leading 16-token blocks (hashed in a chain, as vLLM hashes its own blocks), unless that engine
 already has more than `max_imbalance` times its fair share of the batch; otherwise to the engine
 with the fewest requests in the batch. Routing never changes what is sampled (every request
-carries its own seed), only where the work runs.
+carries its own seed when `seeded`), only where the work runs.
+
+Per-request seeds are off on the training path (`TreeTrainConfig.seeded_requests`): a request
+with its own seed makes vLLM sample it with a per-request generator, its slow sampling path;
+unseeded requests share the engine's generator (seeded once by OpenRLHF's `--train.seed`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class RayEnginesBackend:
         max_imbalance: A request follows its cached prefix unless that engine already has more
             than `max_imbalance` x (batch size / number of engines) requests in this call
             (and at least one).
+        seeded: Give every request its own seed (reproducible per request, but vLLM's slow
+            per-request sampling path); False leaves sampling to the engine's own generator.
         timeout_s: How long one `generate` call may wait for its engines; past it the pending
             requests are cancelled and `EngineTimeoutError` is raised, so one hung engine
             cannot block the controller forever (None: no limit).
@@ -64,6 +70,7 @@ class RayEnginesBackend:
         eos_text: str | None = None,
         seed: int = 0,
         max_imbalance: float = 1.5,
+        seeded: bool = True,
         timeout_s: float | None = 600.0,
     ) -> None:
         if not engines:
@@ -83,6 +90,7 @@ class RayEnginesBackend:
         self.engines = list(engines)
         self.eos_text = eos_text
         self.max_imbalance = max_imbalance
+        self.seeded = seeded
         self.timeout_s = timeout_s
         self._rng = random.Random(seed)
         self._routes: dict[int, int] = {}  # chained block hash -> engine index
@@ -162,7 +170,7 @@ class RayEnginesBackend:
             stop=list(sampling.stop),
             include_stop_str_in_output=True,
             logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
-            seed=(base * 1_000_003 + index) % 2**63,
+            seed=(base * 1_000_003 + index) % 2**63 if self.seeded else None,
             # Tags may be special tokens: keep every token in the text, or the stop strings
             # would never be seen.
             skip_special_tokens=False,

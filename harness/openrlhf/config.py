@@ -58,6 +58,9 @@ class TreeTrainConfig:
     """Where `metrics.jsonl` and the predictor's checkpoints go (on the trainer's node)."""
     seed: int = 0
     """Seeds the allocator, the engine's sampling seeds and the predictor."""
+    seeded_requests: bool = False
+    """Give every vLLM request its own seed (reproducible per request, but vLLM's slow
+    per-request sampling path); off, the engines' own generators sample (`--train.seed`)."""
     engine_timeout_s: float = 600.0
     """A turn's generate requests must all finish within this, or the step fails with a clear
     error (a hung vLLM engine would otherwise block the controller forever)."""

@@ -130,6 +130,7 @@ class TreeSamplesGenerator(SamplesGenerator):
             self.vllm_engines,
             eos_text=tokenizer.eos_token,
             seed=config.seed,
+            seeded=config.seeded_requests,
             timeout_s=config.engine_timeout_s,
         )
         loaders = [prompts_dataloader] + ([eval_dataloader] if eval_dataloader else [])

@@ -56,6 +56,14 @@ def test_each_request_has_its_own_seed_and_a_seeded_call_repeats(engines):
     assert backend.generate([[5, 6]] * 3, SamplingParams(max_new_tokens=8, seed=8)) != a
 
 
+def test_unseeded_requests_leave_sampling_to_the_engine(ray_local, engines):
+    # a per-request seed puts vLLM on its slow per-request sampling path; training turns it off
+    seeded = RayEnginesBackend(engines[:1])._request(SAMPLING, base=5, index=2)
+    unseeded = RayEnginesBackend(engines[:1], seeded=False)._request(SAMPLING, base=5, index=2)
+    assert seeded.seed is not None and unseeded.seed is None
+    assert unseeded.temperature == seeded.temperature and unseeded.stop == seeded.stop
+
+
 def test_forks_of_a_prefix_go_to_the_engine_that_holds_it(ray_local, engines):
     backend = RayEnginesBackend(engines)
     before = [len(seen(ray_local, e)) for e in engines]

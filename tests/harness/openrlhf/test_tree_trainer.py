@@ -81,13 +81,22 @@ class CPUPolicyGroup:
         self.buffer.append(experience)
 
     def fit(self, kl_ctl):
+        from openrlhf.utils.loss_utils import _optimizer_step_loss_norm
+
+        # OpenRLHF's actor normalises by the action tokens of the whole optimizer step, so a
+        # zero-weight filler (action mask 0) adds nothing and divides by nothing
+        norm = _optimizer_step_loss_norm([e.action_mask for e in self.buffer], None, 1, 1)
         losses = []
         for exp in self.buffer:
             log_probs = self.actor(
                 exp.sequences, exp.action_mask, attention_mask=exp.attention_mask
             )
             loss, *_ = self.loss(
-                log_probs.float(), exp.action_log_probs, exp.advantages, action_mask=exp.action_mask
+                log_probs.float(),
+                exp.action_log_probs,
+                exp.advantages,
+                action_mask=exp.action_mask,
+                **norm,
             )
             loss.backward()
             self.optimizer.step()
@@ -175,6 +184,7 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
         ]
     )
     config = TreeTrainConfig(
+        seeded_requests=True,  # the fake engines sample from the request seed
         retriever=str(index),
         alloc=Trace(max_per_prompt=8),
         env=SearchQAConfig(prompt_template=TEMPLATE, max_turns=4, top_k=2, max_doc_chars=200),
@@ -207,13 +217,14 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
     sizes = [sum(len(mb.sequences) for mb in fit) for fit in group.fits]
     assert all(size % 4 == 0 and size > 0 for size in sizes)
 
-    # the last step's advantages are exactly trace_alloc's tree advantages, leaf by leaf
+    # the last step's advantages are exactly trace_alloc's tree advantages, leaf by leaf (the
+    # leaves with signal; fillers have action mask 0, docs/decisions.md D13)
     step = generator.last_step
     kept = [step.trees[i] for i in step.train_indices]
     expected = pad_to_multiple(
         experiences_from_leaves(
             kept,
-            tree_advantages(kept, config.advantage),
+            [a for a in tree_advantages(kept, config.advantage) if a.has_signal],
             max_len=512,
             prompts=["p"] * len(kept),
             labels=["l"] * len(kept),
