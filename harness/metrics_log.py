@@ -160,3 +160,49 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def plot_learning_curve(run_dir: Path, out: Path | None = None, *, key: str = "eval/em") -> Path:
+    """Held-out EM against RL step and against generated tokens, side by side, into a PNG.
+
+    Args:
+        run_dir: A `tracerl train` run directory evaluated while training (`--eval.every`).
+        out: The image path (default `run_dir/learning_curve.png`).
+        key: The evaluated metric.
+
+    Returns:
+        The image path.
+
+    Raises:
+        FileNotFoundError: the run has no record of `key` yet.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(run_dir)
+    tokens = 0
+    steps, spent, values = [], [], []
+    for record in records:
+        tokens = record.get("budget/total_tokens", tokens)  # the eval before step 1 spent none
+        value = record.get(key)
+        if isinstance(value, int | float) and math.isfinite(value):
+            steps.append(record["step"])
+            spent.append(tokens)
+            values.append(value)
+    if not values:
+        raise FileNotFoundError(f"{Path(run_dir) / METRICS_FILE} has no {key!r} to plot")
+    out = Path(out) if out is not None else Path(run_dir) / "learning_curve.png"
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for ax, xs, label in ((axes[0], steps, "RL step"), (axes[1], spent, "generated tokens")):
+        ax.plot(xs, values, marker="o", ms=4)
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"held-out {key.split('/')[-1].upper()} (T=1)")
+    fig.suptitle(f"{run_dir}: learning curve")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+    return out

@@ -103,8 +103,8 @@ class TaskConfig:
     policy built by `tracerl init-model` records it, and a mismatch is an error)."""
     train_split: Literal["train", "all"] = "train"
     """Questions the data cursor walks over."""
-    eval_split: Literal["dev", "test", "test_entities"] = "dev"
-    """Held-out questions for `eval`."""
+    eval_split: Literal["dev", "test", "test_entities", "heldout"] = "dev"
+    """Held-out questions for `eval` (`heldout`: test, then test_entities)."""
     questions: Literal["all", "hard"] = "all"
     """`hard`: only 3-4-hop bridges, comparisons and inference questions (train and eval)."""
     env: EnvSettings = field(default_factory=EnvSettings)
@@ -622,7 +622,10 @@ def train(config: TrainConfig) -> TrainSummary:
     world = World.generate(config.task.world_seed, config.task.world)
     split = world.split()
     train_tasks = world.tasks if config.task.train_split == "all" else split.train
-    eval_tasks = getattr(split, config.task.eval_split)
+    if config.task.eval_split == "heldout":
+        eval_tasks = TaskSet([*split.test, *split.test_entities])
+    else:
+        eval_tasks = getattr(split, config.task.eval_split)
     if config.task.questions == "hard":
         train_tasks = TaskSet([t for t in train_tasks if is_hard(t)])
         eval_tasks = TaskSet([t for t in eval_tasks if is_hard(t)])
