@@ -15,6 +15,12 @@ Layout under `run_dir/tiny_policy/`:
 
 Both are written to a temporary directory first and renamed into place, so an interrupted run
 never leaves a half-written cache behind.
+
+The default recipe's warm start is also shipped with the package (`SHIPPED_DIR`): building it
+takes 15-25 minutes on 2 cores, which would leave `make run` no time for RL. When the config
+hash of the request matches the shipped record, `init_model` copies the shipped files into the
+run directory instead of training; `force=True` (`tracerl init-model --force`) always rebuilds
+from scratch.
 """
 
 from __future__ import annotations
@@ -43,10 +49,12 @@ if TYPE_CHECKING:
 __all__ = [
     "ARTIFACTS_FILE",
     "SCHEMA_VERSION",
+    "SHIPPED_DIR",
     "PolicyArtifacts",
     "init_model",
     "is_hard",
     "load_artifacts",
+    "unseen_questions",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,9 @@ log = logging.getLogger(__name__)
 SCHEMA_VERSION = 1
 ARTIFACTS_FILE = "tiny_policy.json"
 _SPLITS = ("train", "dev", "test", "test_entities")
+SHIPPED_DIR = Path(__file__).with_name("warm_start")
+"""The default recipe's warm start, as `init_model(TinyPolicyConfig())` built it (README,
+"The shipped warm start", says how)."""
 
 
 def is_hard(task: QATask) -> bool:
@@ -74,11 +85,12 @@ class PolicyArtifacts:
         split: Task ids of the target world's train / dev / test / test_entities questions.
         sft: The warm start's summary: steps, wall time, throughput, parameters, the selected
             step and its dev EM, the dev curve and the loss log.
-        evals: Final evaluations, by name: "hard_greedy", "hard_sampled" (T=1, `n_samples`
-            per question), "easy_greedy", "easy_sampled" on the target world's held-out
-            questions (test + test_entities; hard = `is_hard`, easy = 2-hop bridges), and
-            "unseen_hard_sampled" on the hard questions of a world never trained on.
-        reused: True when this call found the policy in the cache.
+        evals: Final evaluations, by name: "heldout_greedy" and "heldout_sampled" (T=1,
+            `n_samples` per question) on the target world's held-out questions (test +
+            test_entities), and "unseen_sampled" on questions of a world never trained on;
+            each carries its EM by question kind.
+        reused: True when this call found the policy in the cache (or took the shipped one).
+        shipped: True when this call copied the shipped warm start (`SHIPPED_DIR`).
     """
 
     policy_dir: Path
@@ -88,6 +100,7 @@ class PolicyArtifacts:
     sft: dict[str, Any]
     evals: dict[str, PolicyEval]
     reused: bool = False
+    shipped: bool = False
 
     @property
     def tokenizer_dir(self) -> Path:
@@ -185,19 +198,36 @@ def init_model(
     Args:
         config: The recipe (defaults: `TinyPolicyConfig()`).
         run_dir: The run directory; the policy goes to `run_dir/tiny_policy/policy`.
-        force: Rebuild even when a policy with the same config hash exists.
+        force: Rebuild from scratch, even when a policy with the same config hash is cached
+            in `run_dir` or shipped with the package.
         progress: Draw progress bars (demos, warm start, evaluation) on stderr.
 
     Returns:
-        The artifacts; `reused` says whether the cache answered.
+        The artifacts; `reused` says whether the cache answered, `shipped` whether the shipped
+        warm start did.
     """
     config = config or TinyPolicyConfig()
     root = Path(run_dir) / "tiny_policy"
     policy_dir = root / "policy"
-    cached = _read_cached(policy_dir, config.config_hash)
-    if cached is not None and not force:
-        log.info("reusing the cached tiny policy at %s (config %s)", policy_dir, config.config_hash)
-        return cached
+    if not force:
+        cached = _read_cached(policy_dir, config.config_hash)
+        if cached is not None:
+            log.info(
+                "reusing the cached tiny policy at %s (config %s)", policy_dir, cached.config_hash
+            )
+            return cached
+        if _read_record(SHIPPED_DIR, config.config_hash) is not None:
+            tmp = _fresh_tmp(policy_dir)
+            shutil.copytree(SHIPPED_DIR, tmp, dirs_exist_ok=True)
+            _replace_dir(tmp, policy_dir)
+            log.info(
+                "using the shipped warm start (config %s); `tracerl init-model --force` "
+                "rebuilds it from scratch",
+                config.config_hash,
+            )
+            shipped = _read_cached(policy_dir, config.config_hash)
+            assert shipped is not None  # just copied, hash checked
+            return dataclasses.replace(shipped, shipped=True)
 
     import torch
 
@@ -245,13 +275,13 @@ def init_model(
         )
 
     if config.eval.select_on == "target_dev":
-        dev_env, dev_ids = target_env, [t.task_id for t in split.dev if is_hard(t)]
+        dev_env, dev_ids = target_env, list(split.dev.ids)
         n_dev = config.eval.n_dev_samples
     else:
         dev_env, dev_ids, n_dev = unseen_env, unseen_ids, 1
     if not dev_ids:
         raise ValueError(
-            f"no hard dev questions to select a checkpoint on ({config.eval.select_on}); "
+            f"no dev questions to select a checkpoint on ({config.eval.select_on}); "
             "use a larger world or --policy.eval.select-on unseen_world"
         )
 
@@ -268,16 +298,12 @@ def init_model(
     model.eval()
     log.info("selected warm-start step %d (dev sampled EM %.3f)", chosen.step, chosen.dev_em)
 
-    heldout = [world.tasks[t] for t in (*split_ids["test"], *split_ids["test_entities"])]
-    hard = [t.task_id for t in heldout if is_hard(t)]
-    easy = [t.task_id for t in heldout if not is_hard(t)]
+    heldout = [*split_ids["test"], *split_ids["test_entities"]]
     n = config.eval.n_samples
     evals = {
-        "hard_greedy": evaluate(model, target_env, hard, 0.0, 1),
-        "hard_sampled": evaluate(model, target_env, hard, 1.0, n),
-        "easy_greedy": evaluate(model, target_env, easy, 0.0, 1),
-        "easy_sampled": evaluate(model, target_env, easy, 1.0, n),
-        "unseen_hard_sampled": evaluate(model, unseen_env, unseen_ids, 1.0, 1),
+        "heldout_greedy": evaluate(model, target_env, heldout, 0.0, 1),
+        "heldout_sampled": evaluate(model, target_env, heldout, 1.0, n),
+        "unseen_sampled": evaluate(model, unseen_env, unseen_ids, 1.0, n),
     }
     for name, value in evals.items():
         log.info("%s: EM %.3f %s", name, value.em, _rounded(value.em_by_kind))
@@ -313,7 +339,8 @@ def init_model(
     return artifacts
 
 
-def _read_cached(policy_dir: Path, config_hash: str) -> PolicyArtifacts | None:
+def _read_record(policy_dir: Path, config_hash: str) -> dict[str, Any] | None:
+    """The `tiny_policy.json` record in `policy_dir` if it was built from `config_hash`."""
     path = policy_dir / ARTIFACTS_FILE
     if not path.is_file():
         return None
@@ -323,12 +350,15 @@ def _read_cached(policy_dir: Path, config_hash: str) -> PolicyArtifacts | None:
         log.warning("ignoring an unreadable %s", path)
         return None
     if record.get("config_hash") != config_hash or record.get("schema_version") != SCHEMA_VERSION:
-        log.info(
-            "the tiny policy at %s was built from config %s, not %s: rebuilding",
-            policy_dir,
-            record.get("config_hash"),
-            config_hash,
-        )
+        return None
+    return record
+
+
+def _read_cached(policy_dir: Path, config_hash: str) -> PolicyArtifacts | None:
+    record = _read_record(policy_dir, config_hash)
+    if record is None:
+        if (policy_dir / ARTIFACTS_FILE).is_file():
+            log.info("the tiny policy at %s was built from another config: rebuilding", policy_dir)
         return None
     return dataclasses.replace(PolicyArtifacts.from_json(record, policy_dir), reused=True)
 
@@ -389,13 +419,22 @@ def _tokenizer(
     return load_tokenizer(directory)
 
 
-def _unseen_set(config: TinyPolicyConfig) -> tuple[SearchQAEnv, list[str]]:
-    """Hard questions of a world never used for training (tests reading, not memory)."""
+def unseen_questions(config: TinyPolicyConfig, n: int) -> tuple[World, list[str]]:
+    """The world never used for training (`eval.dev_world_seed`) and `n` of its question ids.
+
+    The ids are a seeded shuffle over every kind (the world lists its questions kind by kind),
+    so any `n` covers the kinds in proportion.
+    """
     unseen = World.generate(config.eval.dev_world_seed, config.world)
-    hard = [t.task_id for t in unseen.tasks if is_hard(t)]
-    random.Random(config.eval.seed).shuffle(hard)
-    env = config.env.make_env(unseen.tasks, BM25Retriever.build(unseen.documents))
-    return env, hard[: config.eval.n_unseen_questions]
+    ids = list(unseen.tasks.ids)
+    random.Random(config.eval.seed).shuffle(ids)
+    return unseen, ids[:n]
+
+
+def _unseen_set(config: TinyPolicyConfig) -> tuple[SearchQAEnv, list[str]]:
+    """Questions of a world never used for training (tests reading, not memory)."""
+    unseen, ids = unseen_questions(config, config.eval.n_unseen_questions)
+    return config.env.make_env(unseen.tasks, BM25Retriever.build(unseen.documents)), ids
 
 
 def _rounded(values: dict[str, float]) -> dict[str, float]:

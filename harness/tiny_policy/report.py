@@ -12,32 +12,35 @@ __all__ = ["summary_table"]
 def summary_table(artifacts: PolicyArtifacts) -> Table:
     """EM of the warm-started policy on held-out questions, greedy and sampled, by kind."""
     sft, evals = artifacts.sft, artifacts.evals
-    cached = " (cached)" if artifacts.reused else ""
+    cached = " (shipped)" if artifacts.shipped else " (cached)" if artifacts.reused else ""
     table = Table(
         title=(
             f"tiny policy{cached}: {sft['n_params']:,} params, step {sft['selected_step']} of "
             f"{sft['n_steps']}, {sft['wall_s']:.0f} s warm start; {artifacts.policy_dir}"
         )
     )
-    n_samples = evals["hard_sampled"].n_samples
-    table.add_column("held-out questions")
-    table.add_column("n", justify="right")
+    greedy, sampled, unseen = (
+        evals["heldout_greedy"],
+        evals["heldout_sampled"],
+        evals["unseen_sampled"],
+    )
+    table.add_column("question kind")
+    table.add_column("held-out n", justify="right")
     table.add_column("greedy EM", justify="right")
-    table.add_column(f"sampled EM (T=1, x{n_samples})", justify="right")
-    table.add_column("mixed", justify="right")
-    for group in ("easy", "hard"):
-        greedy, sampled = evals[f"{group}_greedy"], evals[f"{group}_sampled"]
-        for kind, n in greedy.n_by_kind.items():
-            g, s = greedy.em_by_kind[kind], sampled.em_by_kind[kind]
-            table.add_row(kind, str(n), f"{g:.3f}", f"{s:.3f}", "")
-        table.add_row(
-            f"{group} kinds",
-            str(greedy.n_episodes),
-            f"{greedy.em:.3f}",
-            f"{sampled.em:.3f}",
-            f"{sampled.mixed:.3f}",
-            style="bold",
-        )
-    unseen = evals["unseen_hard_sampled"]
-    table.add_row("hard, unseen world", str(unseen.n_episodes), "", f"{unseen.em:.3f}", "")
+    table.add_column(f"sampled EM (T=1, x{sampled.n_samples})", justify="right")
+    table.add_column("unseen world, sampled EM", justify="right")
+    for kind in sorted(set(greedy.n_by_kind) | set(unseen.n_by_kind)):
+        cells = [
+            f"{e.em_by_kind[kind]:.3f}" if kind in e.em_by_kind else "–"
+            for e in (greedy, sampled, unseen)
+        ]
+        table.add_row(kind, str(greedy.n_by_kind.get(kind, 0)), *cells)
+    table.add_row(
+        "all kinds",
+        str(greedy.n_episodes),
+        f"{greedy.em:.3f}",
+        f"{sampled.em:.3f} (mixed {sampled.mixed:.2f})",
+        f"{unseen.em:.3f}",
+        style="bold",
+    )
     return table

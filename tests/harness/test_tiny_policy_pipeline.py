@@ -65,18 +65,13 @@ def test_init_model_writes_a_loadable_policy_and_its_record(built):
     assert record["schema_version"] == 1 and record["config_hash"] == SMALL.config_hash
     assert [c["step"] for c in artifacts.sft["dev_curve"]] == [3, 6]
     assert artifacts.sft["selected_step"] in (3, 6)
-    assert set(artifacts.evals) == {
-        "hard_greedy",
-        "hard_sampled",
-        "easy_greedy",
-        "easy_sampled",
-        "unseen_hard_sampled",
-    }
-    hard, easy = artifacts.evals["hard_sampled"], artifacts.evals["easy_sampled"]
+    assert set(artifacts.evals) == {"heldout_greedy", "heldout_sampled", "unseen_sampled"}
+    greedy, sampled = artifacts.evals["heldout_greedy"], artifacts.evals["heldout_sampled"]
     n_heldout = len(artifacts.split["test"]) + len(artifacts.split["test_entities"])
-    assert hard.n_episodes + easy.n_episodes == 2 * n_heldout  # every held-out question, x2
-    assert hard.temperature == easy.temperature == 1.0
-    assert artifacts.evals["unseen_hard_sampled"].n_episodes == 4
+    assert greedy.n_episodes == n_heldout and greedy.temperature == 0.0
+    assert sampled.n_episodes == 2 * n_heldout  # every held-out question, x2
+    assert sampled.temperature == 1.0
+    assert artifacts.evals["unseen_sampled"].n_episodes == 4 * 2  # 4 questions, x2
     assert artifacts.env_settings["top_k"] == SMALL.env.top_k
 
 
@@ -196,6 +191,6 @@ def test_cli_init_model_builds_then_reports_the_cache(tmp_path, capsys):
     ]
     assert tracerl(flags) == 0
     first = capsys.readouterr().out
-    assert "hard kinds" in first and "unseen world" in first and "(cached)" not in first
+    assert "all kinds" in first and "unseen world" in first and "(cached)" not in first
     assert tracerl(flags) == 0
     assert "(cached)" in capsys.readouterr().out
