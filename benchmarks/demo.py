@@ -1,15 +1,20 @@
 """`tracerl demo` (what `make run` runs): the whole loop on the embedded default, on CPU.
 
-1. **policy**: build the default synthetic world and its BM25 index, and build and warm-start
-   the tiny policy (`harness.tiny_policy.init_model`; cached under `RUN_DIR/tiny_policy`, so a
-   second run reuses it);
-2. **before**: evaluate the warm-started policy on held-out questions with
-   `benchmarks.evaluation.evaluate` (what `tracerl bench` runs), sampled at temperature 1;
-3. **train**: RL with TRACE for a few minutes (`harness.trainer.train`; its run directory is
-   `RUN_DIR/rl`, and a finished run with the same config is reused, a killed one resumed);
-4. **after**: evaluate the trained policy on the same questions with the same seed;
-5. **report**: print the before/after table and write `RUN_DIR/report/` (JSON, Markdown,
-   trajectories, plot), the training curves (`RUN_DIR/rl/curves.png`) and `RUN_DIR/demo.json`.
+1. **policy**: the default synthetic world and the warm-started tiny policy
+   (`harness.tiny_policy.init_model`: the shipped warm start, or one cached under
+   `RUN_DIR/tiny_policy`, or a fresh build for another recipe);
+2. **before**: evaluate it at temperature 1 on the held-out questions of its world
+   (`eval_samples` samples each) and on a world it never saw (`unseen_questions` x
+   `unseen_samples`), with `benchmarks.evaluation.evaluate` (what `tracerl bench` runs);
+3. **train**: RL with TRACE (`harness.trainer.train`; run directory `RUN_DIR/rl`; a finished run
+   with the same config is reused, a killed one resumed), evaluating the held-out questions
+   every `curve_every` steps for the learning curve;
+4. **after**: the same evaluations of the trained policy, same questions, same seed;
+5. **report**: the before/after table with 95 % bootstrap intervals over questions (the
+   difference is paired on the question), one sentence that says what RL did, and files:
+   `RUN_DIR/report/` (JSON, Markdown, trajectories, plot), `RUN_DIR/rl/curves.png`,
+   `RUN_DIR/rl/learning_curve.png` (held-out EM against step and against generated tokens)
+   and `RUN_DIR/demo.json`.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import logging
 import platform
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -28,11 +34,15 @@ import tyro
 
 from benchmarks.evaluation import Report, evaluate_policy_dir
 from benchmarks.report import write_reports
+from benchmarks.stats import bootstrap_mean, paired_difference, per_question_mean
 from envs.tasks import QATask
 
-__all__ = ["DemoConfig", "demo", "run_demo"]
+__all__ = ["TEST_SETS", "DemoConfig", "demo", "run_demo", "summary_sentence"]
 
 log = logging.getLogger(__name__)
+
+TEST_SETS = ("heldout", "unseen")
+"""`heldout`: held-out questions of the training world; `unseen`: a world never trained on."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,102 +51,125 @@ class DemoConfig:
 
     run_dir: Path = Path("runs/demo")
     """Everything goes here; the warm-started policy is cached in RUN_DIR/tiny_policy."""
-    steps: int = 24
-    """RL steps (a few minutes on 2 cores)."""
+    steps: int = 60
+    """RL steps (about 7 minutes on an idle 2-core machine)."""
     budget_per_step: int = 48
     """Leaves per step (TRACE allocates them over roots and turn prefixes)."""
-    pool_size: int = 24
-    """Candidate questions per step."""
+    pool_size: int = 12
+    """Candidate questions per step: 4 leaves per candidate on average."""
     lr: float = 2e-4
     """Policy learning rate."""
-    questions: Literal["all", "hard"] = "hard"
-    """Train on `hard` questions only (3-4-hop bridges, comparisons, inference) or `all`."""
-    eval_questions: int = 160
-    """Held-out questions (test, then test_entities) evaluated before and after."""
+    kl_coef: float = 0.0
+    """Weight of the KL to the warm start (0: none, no reference model is kept)."""
+    questions: Literal["all", "hard"] = "all"
+    """Train on every kind, or on `hard` ones only (3-4-hop bridges, comparisons, inference)."""
+    eval_questions: int = 200
+    """Held-out questions of the training world (test, then test_entities), at most."""
+    eval_samples: int = 8
+    """T=1 samples per held-out question."""
+    unseen_questions: int = 160
+    """Questions of the unseen world (the policy recipe's `eval.dev_world_seed`)."""
+    unseen_samples: int = 4
+    """T=1 samples per unseen-world question."""
+    curve_every: int = 10
+    """RL steps between the learning curve's held-out evaluations (0: no curve)."""
+    curve_samples: int = 2
+    """T=1 samples per held-out question at each point of the learning curve."""
     eval_temperature: float = 1.0
     """Sampled EM at the policy's own temperature (RL changes the sampled policy)."""
     seed: int = 0
     force: bool = False
-    """Rebuild the warm-started policy and retrain, ignoring the caches."""
+    """Rebuild the warm-started policy from scratch and retrain, ignoring every cache."""
     progress: bool = True
 
 
-def _held_out(artifacts: Any, world: Any, n: int) -> list[QATask]:
-    ids = [*artifacts.split["test"], *artifacts.split["test_entities"]][:n]
-    return [world.tasks[i] for i in ids]
+def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, tuple[list[QATask], Any]]:
+    """Each test set's questions (each repeated once per sample) and its env factory."""
+    from harness.tiny_policy.pipeline import unseen_questions
+    from retrieval.bm25 import BM25Retriever
+
+    world = artifacts.world()
+    heldout_ids = [*artifacts.split["test"], *artifacts.split["test_entities"]]
+    heldout = [world.tasks[i] for i in heldout_ids[: config.eval_questions]]
+    unseen_world, unseen_ids = unseen_questions(artifacts.config, config.unseen_questions)
+    unseen = [unseen_world.tasks[i] for i in unseen_ids]
+    env_settings = artifacts.config.env
+
+    def factory(w: Any) -> Callable[[], Any]:
+        retriever = BM25Retriever.build(w.documents)
+        return lambda: env_settings.make_env(w.tasks, retriever)
+
+    return {
+        "heldout": ([t for t in heldout for _ in range(config.eval_samples)], factory(world)),
+        "unseen": (
+            [t for t in unseen for _ in range(config.unseen_samples)],
+            factory(unseen_world),
+        ),
+    }
 
 
-def _evaluate(
-    name: str,
-    policy_dir: Path,
-    tasks: list[QATask],
-    env_factory: Any,
-    config: DemoConfig,
-    max_new_tokens: int,
-) -> Report:
-    # before and after draw from the same seeded sampling stream
-    return evaluate_policy_dir(
-        policy_dir,
-        env_factory,
-        tasks,
-        name=name,
-        temperature=config.eval_temperature,
-        max_new_tokens=max_new_tokens,
-        seed=config.seed,
-        progress=config.progress,
+def _kind_em(report: Report) -> dict[str, float]:
+    """EM per question kind (bridge-2hop, bridge-3hop, bridge-4hop, comparison, ...)."""
+    from harness.episodes import question_kind
+
+    groups: dict[str, list[float]] = {}
+    for r in report.episodes:
+        groups.setdefault(question_kind(r.question_type, r.n_hops), []).append(r.em)
+    return {k: sum(v) / len(v) for k, v in sorted(groups.items())}
+
+
+def _compare(before: Report, after: Report, seed: int) -> dict[str, Any]:
+    """Before, after and the paired difference, each with a 95 % interval over questions."""
+    b, a = per_question_mean(before.episodes), per_question_mean(after.episodes)
+    return {
+        "n_questions": len(b),
+        "n_samples": len(before.episodes) // max(1, len(b)),
+        "before": bootstrap_mean(b.values(), seed=seed).to_json(),
+        "after": bootstrap_mean(a.values(), seed=seed).to_json(),
+        "gain": paired_difference(b, a, seed=seed).to_json(),
+        "before_by_kind": _kind_em(before),
+        "after_by_kind": _kind_em(after),
+        "before_metrics": before.overall.to_json(),
+        "after_metrics": after.overall.to_json(),
+    }
+
+
+def summary_sentence(record: dict[str, Any]) -> str:
+    """One sentence a newcomer can read: what RL did to held-out (and unseen-world) EM."""
+
+    def clause(c: dict[str, Any]) -> str:
+        before, after, gain = c["before"]["mean"], c["after"]["mean"], c["gain"]
+        significant = gain["low"] > 0 or gain["high"] < 0
+        verb = "raised" if gain["mean"] > 0 else "lowered" if gain["mean"] < 0 else "left"
+        note = "" if significant else ", not significant"
+        return (
+            f"{verb} {{where}} EM from {before:.3f} to {after:.3f} "
+            f"({gain['mean']:+.3f}, 95 % CI [{gain['low']:+.3f}, {gain['high']:+.3f}]{note})"
+        )
+
+    held, unseen = record["sets"]["heldout"], record["sets"]["unseen"]
+    minutes = record["times"]["train_s"] / 60
+    return (
+        f"TRACE RL {clause(held).format(where='held-out')} in {record['rl_steps']} steps "
+        f"({minutes:.1f} min of RL); on a world it never saw it "
+        f"{clause(unseen).format(where='its')}."
     )
 
 
-def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
-    """Run the demo; returns the `demo.json` record (times, before/after EM, paths).
-
-    Args:
-        config: The demo's settings.
-        policy_config: The tiny policy's recipe (`harness.tiny_policy.TinyPolicyConfig`);
-            None for the default (tests pass a smaller one).
-
-    Raises:
-        FileExistsError: `RUN_DIR/rl` holds a run with another config (use `force`).
-    """
-    from harness.metrics_log import plot_run
-    from harness.tiny_policy import TinyPolicyConfig, init_model
+def _train_config(config: DemoConfig, artifacts: Any) -> Any:
     from harness.trainer import (
         AllocConfig,
         BudgetConfig,
+        EvalConfig,
+        LossConfig,
         OptimConfig,
         RolloutConfig,
         TaskConfig,
         TrainConfig,
-        load_config,
-        train,
     )
 
-    times: dict[str, float] = {}
-    start = time.perf_counter()
-    artifacts = init_model(
-        policy_config or TinyPolicyConfig(),
-        config.run_dir,
-        force=config.force,
-        progress=config.progress,
-    )
-    times["policy_s"] = time.perf_counter() - start
-    world = artifacts.world()
-    retriever_env = artifacts.make_env(world)
-    tasks = _held_out(artifacts, world, config.eval_questions)
-
-    def env_factory() -> Any:
-        return artifacts.config.env.make_env(world.tasks, retriever_env.retriever)
-
-    t = time.perf_counter()
-    max_new_tokens = artifacts.config.eval.max_action_tokens
-    before = _evaluate(
-        "warm start", artifacts.policy_dir, tasks, env_factory, config, max_new_tokens
-    )
-    times["eval_before_s"] = time.perf_counter() - t
-
-    rl_dir = config.run_dir / "rl"
-    train_config = TrainConfig(
-        run_dir=rl_dir,
+    return TrainConfig(
+        run_dir=config.run_dir / "rl",
         policy=artifacts.policy_dir,
         steps=config.steps,
         seed=config.seed,
@@ -147,14 +180,74 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
             world=artifacts.config.world,
             env=artifacts.config.env,
             questions=config.questions,
+            eval_split="heldout",
         ),
         alloc=AllocConfig(name="trace"),
         budget=BudgetConfig(per_step=config.budget_per_step, pool_size=config.pool_size),
         rollout=RolloutConfig(
-            max_new_tokens=max_new_tokens, max_total_tokens=artifacts.config.model.max_positions
+            max_new_tokens=artifacts.config.eval.max_action_tokens,
+            max_total_tokens=artifacts.config.model.max_positions,
         ),
+        loss=LossConfig(kl_coef=config.kl_coef),
         optim=OptimConfig(lr=config.lr),
+        eval=EvalConfig(
+            every=config.curve_every,
+            n_questions=config.eval_questions,
+            n_samples=config.curve_samples,
+            temperature=config.eval_temperature,
+        ),
     )
+
+
+def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
+    """Run the demo; returns the `demo.json` record (times, before/after EM with intervals).
+
+    Args:
+        config: The demo's settings.
+        policy_config: The tiny policy's recipe (`harness.tiny_policy.TinyPolicyConfig`);
+            None for the default (tests pass a smaller one).
+
+    Raises:
+        FileExistsError: `RUN_DIR/rl` holds a run with another config (use `force`).
+    """
+    from harness.metrics_log import plot_learning_curve, plot_run
+    from harness.tiny_policy import TinyPolicyConfig, init_model
+    from harness.trainer import load_config, train
+
+    times: dict[str, float] = {}
+    start = time.perf_counter()
+    artifacts = init_model(
+        policy_config or TinyPolicyConfig(),
+        config.run_dir,
+        force=config.force,
+        progress=config.progress,
+    )
+    times["policy_s"] = time.perf_counter() - start
+    test_sets = _test_sets(artifacts, config)
+    max_new_tokens = artifacts.config.eval.max_action_tokens
+
+    def evaluate(name: str, policy_dir: Path) -> dict[str, Report]:
+        # before and after draw from the same seeded sampling stream
+        return {
+            test_set: evaluate_policy_dir(
+                policy_dir,
+                env_factory,
+                tasks,
+                name=f"{name} ({test_set})",
+                temperature=config.eval_temperature,
+                max_new_tokens=max_new_tokens,
+                seed=config.seed,
+                progress=config.progress,
+            )
+            for test_set, (tasks, env_factory) in test_sets.items()
+        }
+
+    t = time.perf_counter()
+    before = evaluate("warm start", artifacts.policy_dir)
+    times["eval_before_s"] = time.perf_counter() - t
+
+    train_config = _train_config(config, artifacts)
+    rl_dir = train_config.run_dir
     t = time.perf_counter()
     same_run = (rl_dir / "config.json").exists() and dataclasses.replace(
         load_config(rl_dir), resume=False
@@ -172,31 +265,41 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
         resume = rl_dir.joinpath("checkpoints", "latest.json").exists()
         train(dataclasses.replace(train_config, resume=resume))
     times["train_s"] = time.perf_counter() - t
-    trained_dir = rl_dir / "policy"
+    if finished:  # the RL time of the run that trained it, not of this reuse
+        times["train_s"] = json.loads((rl_dir / "summary.json").read_text())["wall_s"]
 
     t = time.perf_counter()
-    after = _evaluate("after TRACE", trained_dir, tasks, env_factory, config, max_new_tokens)
+    after = evaluate("after TRACE", rl_dir / "policy")
     times["eval_after_s"] = time.perf_counter() - t
 
-    report_dir = config.run_dir / "report"
     meta = {
         "command": "tracerl demo",
         "config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
-        "tiny_policy": {"config_hash": artifacts.config_hash, "reused": artifacts.reused},
+        "tiny_policy": {
+            "config_hash": artifacts.config_hash,
+            "reused": artifacts.reused,
+            "shipped": artifacts.shipped,
+        },
         "machine": {"python": platform.python_version(), "processor": platform.processor()},
     }
-    paths = write_reports([before, after], report_dir, meta=meta)
-    curves = plot_run(rl_dir)
+    reports = [r for name in TEST_SETS for r in (before[name], after[name])]
+    paths = write_reports(reports, config.run_dir / "report", meta=meta)
+    curves = {"curves": plot_run(rl_dir)}
+    if config.curve_every:
+        curves["learning_curve"] = plot_learning_curve(rl_dir)
     times["total_s"] = time.perf_counter() - start
-    record = {
-        "before": before.overall.to_json(),
-        "after": after.overall.to_json(),
-        "n_questions": len(tasks),
+    summary = json.loads((rl_dir / "summary.json").read_text())
+    record: dict[str, Any] = {
+        "sets": {name: _compare(before[name], after[name], config.seed) for name in TEST_SETS},
+        "rl_steps": config.steps,
+        "rl_totals": summary["totals"],
         "times": times,
         "policy_reused": artifacts.reused,
+        "policy_shipped": artifacts.shipped,
         "rl_reused": finished,
-        "paths": {k: str(v) for k, v in paths.items()} | {"curves": str(curves)},
+        "paths": {k: str(v) for k, v in (paths | curves).items()},
     }
+    record["summary"] = summary_sentence(record)
     (config.run_dir / "demo.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     return record
 
@@ -206,22 +309,34 @@ def _print_table(record: dict[str, Any]) -> None:
     from rich.table import Table
 
     console = Console()
-    table = Table(title=f"tracerl demo: {record['n_questions']} held-out questions, T=1")
-    for column in ("policy", "EM", "F1", "answered", "valid", "searches", "tokens"):
-        table.add_column(column, justify="left" if column == "policy" else "right")
-    for name, key in (("warm start", "before"), ("after TRACE", "after")):
-        m = record[key]
-        table.add_row(
-            name, f"{m['em']:.3f}", f"{m['f1']:.3f}", f"{m['answered']:.3f}",
-            f"{m['valid_action_rate']:.3f}", f"{m['searches']:.2f}", f"{m['tokens']:.1f}",
-        )  # fmt: skip
+    table = Table(title="tracerl demo: sampled EM (T=1), 95 % bootstrap CI over questions")
+    for column in ("test set", "questions x samples", "warm start", "after TRACE", "gain"):
+        table.add_column(column, justify="left" if column == "test set" else "right")
+    labels = {"heldout": "held-out questions", "unseen": "unseen world"}
+    for name, c in record["sets"].items():
+        cells = [
+            f"{c[side]['mean']:{sign}.3f} [{c[side]['low']:.3f}, {c[side]['high']:.3f}]"
+            for side, sign in (("before", ""), ("after", ""), ("gain", "+"))
+        ]
+        table.add_row(labels[name], f"{c['n_questions']} x {c['n_samples']}", *cells)
     console.print(table)
+    held = record["sets"]["heldout"]
+    kinds = Table(title="held-out EM by question kind")
+    for column in ("kind", "warm start", "after TRACE"):
+        kinds.add_column(column, justify="left" if column == "kind" else "right")
+    for kind, em in held["before_by_kind"].items():
+        kinds.add_row(kind, f"{em:.3f}", f"{held['after_by_kind'].get(kind, float('nan')):.3f}")
+    console.print(kinds)
     t = record["times"]
     console.print(
         f"time: policy {t['policy_s']:.0f} s, eval {t['eval_before_s']:.0f}+{t['eval_after_s']:.0f}"
         f" s, RL {t['train_s']:.0f} s; total {t['total_s']:.0f} s"
     )
-    console.print(f"report: {record['paths']['markdown']}; curves: {record['paths']['curves']}")
+    paths = record["paths"]
+    console.print(f"report: {paths['markdown']}; curves: {paths['curves']}")
+    if "learning_curve" in paths:
+        console.print(f"learning curve: {paths['learning_curve']}")
+    console.print(record["summary"], style="bold")
 
 
 def demo(argv: list[str]) -> int:
