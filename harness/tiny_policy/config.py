@@ -105,7 +105,7 @@ class ModelConfig:
 class SFTConfig:
     """Settings of the supervised warm start (defaults: research/tiny_policy.md, run D)."""
 
-    max_steps: int = 3000
+    max_steps: int = 3600
     """Optimizer steps at most; the cosine schedule spans them (training stops early once the
     dev EM passes the band)."""
     batch_size: int = 16
@@ -121,10 +121,14 @@ class SFTConfig:
     same loss in expectation for a quarter of the output-layer compute on them."""
     eval_every: int = 150
     """Steps between dev evaluations (and kept checkpoints)."""
-    eval_from: int = 1200
+    eval_from: int = 1800
     """First step with a dev evaluation (earlier checkpoints are far below any useful band)."""
     band: tuple[float, float] = (0.3, 0.6)
-    """Target dev sampled EM for the shipped checkpoint: RL needs both outcomes."""
+    """Target dev sampled EM for the shipped checkpoint: RL needs both outcomes. Among the
+    checkpoints in the band, the one with the best unseen-world EM is kept."""
+    stop_above: float = 0.75
+    """Training stops once dev sampled EM passes this (reading keeps improving past the band's
+    top, so training goes on a little beyond it)."""
     max_time_s: float | None = None
     """Wall-clock cap on training (None: none). Steps are the budget; this is a safety net."""
     seed: int = 0
@@ -135,6 +139,8 @@ class SFTConfig:
         lo, hi = self.band
         if not 0 <= lo <= hi <= 1:
             raise ValueError(f"band={self.band}: need 0 <= low <= high <= 1")
+        if self.stop_above < hi:
+            raise ValueError(f"stop_above={self.stop_above} is below the band's top {hi}")
         if not 0 < self.lm_sample_rate <= 1:
             raise ValueError(f"lm_sample_rate={self.lm_sample_rate}: must be in (0, 1]")
         if self.eval_every < 1:
@@ -145,13 +151,13 @@ class SFTConfig:
 class DemoConfig:
     """Which demonstrations the warm start sees."""
 
-    n_worlds: int = 30
+    n_worlds: int = 40
     """Extra generated worlds (fresh names, same templates) whose every question is shown once:
     with them the policy learns to read names from observations instead of memorising one
     world (research/tiny_policy.md)."""
     first_world_seed: int = 1000
     """Seeds of the extra worlds are first_world_seed, first_world_seed + 1, ..."""
-    target_variants: int = 4
+    target_variants: int = 1
     """Noisy episodes per training question of the target world."""
     epsilon: float = 0.3
     """The oracle's noise rate: a wrong query before a hop, or a wrong answer (both masked)."""
@@ -174,6 +180,9 @@ class EvalConfig:
     that world was ever trained on)."""
     n_dev_samples: int = 4
     """T=1 samples per target dev question at each checkpoint (the split is small)."""
+    n_reading_questions: int = 96
+    """Unseen-world questions (one T=1 sample each) scored at each checkpoint to pick the one
+    that reads best (0: none)."""
     dev_world_seed: int = 999
     """The unseen world: never shown in training; reported as `unseen_sampled`."""
     n_unseen_questions: int = 160

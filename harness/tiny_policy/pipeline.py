@@ -285,18 +285,27 @@ def init_model(
             "use a larger world or --policy.eval.select-on unseen_world"
         )
 
+    reading_ids = unseen_ids[: config.eval.n_reading_questions]
     result = train_sft(
         model,
         encoded,
         config.sft,
         pad_id=tokenizer.pad_token_id,
         evaluate=lambda m: evaluate(m, dev_env, dev_ids, 1.0, n_dev).em,
+        evaluate_reading=(
+            (lambda m: evaluate(m, unseen_env, reading_ids, 1.0, 1).em) if reading_ids else None
+        ),
         progress=progress,
     )
     chosen = select_checkpoint(result.checkpoints, config.sft.band)
     model.load_state_dict(chosen.state)
     model.eval()
-    log.info("selected warm-start step %d (dev sampled EM %.3f)", chosen.step, chosen.dev_em)
+    log.info(
+        "selected warm-start step %d (dev sampled EM %.3f, unseen-world EM %s)",
+        chosen.step,
+        chosen.dev_em,
+        chosen.reading_em,
+    )
 
     heldout = [*split_ids["test"], *split_ids["test_entities"]]
     n = config.eval.n_samples
@@ -318,7 +327,11 @@ def init_model(
         "stopped_early": result.stopped_early,
         "selected_step": chosen.step,
         "selected_dev_em": chosen.dev_em,
-        "dev_curve": [{"step": c.step, "dev_em": c.dev_em} for c in result.checkpoints],
+        "selected_unseen_em": chosen.reading_em,
+        "dev_curve": [
+            {"step": c.step, "dev_em": c.dev_em, "unseen_em": c.reading_em}
+            for c in result.checkpoints
+        ],
         "log": list(result.log),
         "n_threads": torch.get_num_threads(),
         "total_wall_s": round(time.perf_counter() - started, 1),

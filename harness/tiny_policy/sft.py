@@ -5,10 +5,11 @@ padded on the right). Right padding needs no attention mask under a causal model
 come after every real token, so they can never be attended to, and their loss weight is 0.
 
 Every `eval_every` steps (from `eval_from` on) a caller-supplied `evaluate(model)` returns the
-sampled EM on a dev set, and the weights are kept in memory. `select_checkpoint` then picks the
-one to ship: RL needs a starting policy that is neither hopeless nor saturated, so the pick is
-the checkpoint closest to the middle of a target band, and training stops early once the band
-has been passed.
+sampled EM on a dev set (and `evaluate_reading(model)` the EM on a world never trained on), and
+the weights are kept in memory. `select_checkpoint` then picks the one to ship: RL needs a
+starting policy that is neither hopeless nor saturated, so the pick lies in a target band of
+dev EM, and among those the one that reads best (highest EM on the unseen world: a policy that
+memorised its world scores 0 there); training stops early once dev EM passes `stop_above`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ class Checkpoint:
     step: int
     dev_em: float
     state: dict[str, torch.Tensor] = field(repr=False)
+    reading_em: float | None = None
+    """EM on a world never trained on (None: not measured)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,7 +63,10 @@ class SFTResult:
 
 
 def select_checkpoint(checkpoints: Sequence[Checkpoint], band: tuple[float, float]) -> Checkpoint:
-    """The checkpoint whose dev EM is closest to the band's middle (latest on a tie).
+    """The best-reading checkpoint whose dev EM lies in the band (latest on a tie).
+
+    Without a reading score, or with no checkpoint in the band, the one whose dev EM is
+    closest to the band's middle.
 
     >>> cps = [Checkpoint(step=s, dev_em=e, state={}) for s, e in [(1, .1), (2, .4), (3, .8)]]
     >>> select_checkpoint(cps, (0.3, 0.6)).step
@@ -71,7 +77,11 @@ def select_checkpoint(checkpoints: Sequence[Checkpoint], band: tuple[float, floa
     """
     if not checkpoints:
         raise ValueError("no checkpoint to select from")
-    middle = sum(band) / 2
+    low, high = band
+    reading = [c for c in checkpoints if low <= c.dev_em <= high and c.reading_em is not None]
+    if reading:
+        return max(reversed(reading), key=lambda c: c.reading_em or 0.0)
+    middle = (low + high) / 2
     return min(reversed(checkpoints), key=lambda c: abs(c.dev_em - middle))
 
 
@@ -82,6 +92,7 @@ def train_sft(
     *,
     pad_id: int,
     evaluate: Callable[[PreTrainedModel], float] | None = None,
+    evaluate_reading: Callable[[PreTrainedModel], float] | None = None,
     progress: bool = False,
 ) -> SFTResult:
     """Train `model` in place on the demonstrations.
@@ -92,6 +103,7 @@ def train_sft(
         config: Steps, optimiser, evaluation and band.
         pad_id: Id used to pad batches (never in the loss).
         evaluate: Returns the dev sampled EM of the model (called in eval mode, no grad).
+        evaluate_reading: Returns its EM on a world never trained on (same conditions).
         progress: Draw a tqdm bar on stderr.
 
     Returns:
@@ -161,11 +173,19 @@ def train_sft(
             model.eval()
             with torch.no_grad():
                 dev_em = float(evaluate(model))
+                reading = None if evaluate_reading is None else float(evaluate_reading(model))
             model.train()
             state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            checkpoints.append(Checkpoint(step=step, dev_em=dev_em, state=state))
-            log.info("warm start step %d: dev sampled EM %.3f", step, dev_em)
-            if dev_em > config.band[1]:
+            checkpoints.append(
+                Checkpoint(step=step, dev_em=dev_em, state=state, reading_em=reading)
+            )
+            log.info(
+                "warm start step %d: dev sampled EM %.3f, unseen-world EM %s",
+                step,
+                dev_em,
+                "-" if reading is None else f"{reading:.3f}",
+            )
+            if dev_em > config.stop_above:
                 stopped_early = step < config.max_steps
                 break
         if config.max_time_s is not None and time.perf_counter() - start > config.max_time_s:

@@ -301,7 +301,9 @@ def test_sft_keeps_checkpoints_and_stops_once_past_the_band(demos, codec, tokeni
     model = build_model(TINY, tokenizer)
     encoded = [encode_demo(d, codec) for d in demos]
     scores = iter([0.1, 0.45, 0.7, 0.9])
-    config = SFTConfig(max_steps=40, batch_size=4, eval_from=5, eval_every=5, band=(0.3, 0.6))
+    config = SFTConfig(
+        max_steps=40, batch_size=4, eval_from=5, eval_every=5, band=(0.3, 0.6), stop_above=0.65
+    )
     result = train_sft(
         model, encoded, config, pad_id=tokenizer.pad_token_id, evaluate=lambda m: next(scores)
     )
@@ -327,9 +329,36 @@ def test_select_checkpoint_prefers_the_band_middle_and_the_latest_on_ties():
         select_checkpoint([], (0.3, 0.6))
 
 
+def test_select_checkpoint_keeps_the_best_reader_inside_the_band():
+    cps = [
+        Checkpoint(step=s, dev_em=e, state={}, reading_em=r)
+        for s, e, r in [(1, 0.2, 0.0), (2, 0.45, 0.05), (3, 0.58, 0.3), (4, 0.7, 0.5)]
+    ]
+    # step 4 reads best but is above the band; step 2 is nearest the middle but barely reads
+    assert select_checkpoint(cps, (0.3, 0.6)).step == 3
+    assert select_checkpoint(cps[:1], (0.3, 0.6)).step == 1  # none in the band: the closest
+
+
+def test_sft_scores_reading_at_each_checkpoint(demos, codec, tokenizer):
+    model = build_model(TINY, tokenizer)
+    encoded = [encode_demo(d, codec) for d in demos]
+    config = SFTConfig(max_steps=10, batch_size=4, eval_from=5, eval_every=5)
+    result = train_sft(
+        model,
+        encoded,
+        config,
+        pad_id=tokenizer.pad_token_id,
+        evaluate=lambda m: 0.5,
+        evaluate_reading=lambda m: 0.25,
+    )
+    assert [(c.step, c.reading_em) for c in result.checkpoints] == [(5, 0.25), (10, 0.25)]
+
+
 def test_sft_config_validates():
     with pytest.raises(ValueError, match="band"):
         SFTConfig(band=(0.7, 0.3))
+    with pytest.raises(ValueError, match="stop_above"):
+        SFTConfig(band=(0.3, 0.6), stop_above=0.5)
 
 
 def test_scoring_only_weighted_positions_equals_the_full_loss(tokenizer):
