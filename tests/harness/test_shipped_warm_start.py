@@ -1,0 +1,50 @@
+"""The warm start shipped with the package: it loads, matches the recipe, and init_model uses it."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from harness.tiny_policy import PolicyArtifacts, TinyPolicyConfig, init_model
+from harness.tiny_policy.pipeline import ARTIFACTS_FILE, SHIPPED_DIR
+
+RECORD = SHIPPED_DIR / ARTIFACTS_FILE
+
+
+def test_the_shipped_files_match_the_codes_recipe_hash():
+    record = json.loads(RECORD.read_text())
+    assert record["config_hash"] == TinyPolicyConfig().config_hash, (
+        "the shipped warm start was built from another recipe: rebuild it with "
+        "`tracerl init-model --force --run-dir runs/shipped` and copy "
+        "runs/shipped/tiny_policy/policy/ to harness/tiny_policy/warm_start/ (README)"
+    )
+    assert TinyPolicyConfig.from_json(record["config"]) == TinyPolicyConfig()
+
+
+def test_the_shipped_model_and_tokenizer_load_and_run():
+    artifacts = PolicyArtifacts.from_json(json.loads(RECORD.read_text()), SHIPPED_DIR)
+    model = AutoModelForCausalLM.from_pretrained(SHIPPED_DIR)
+    tokenizer = artifacts.load_tokenizer()
+    assert model.config.vocab_size == len(tokenizer)
+    ids = tokenizer("Question: Where was the director of The Hollow Window born?\n")["input_ids"]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits  # (1, T, V)
+    assert logits.shape == (1, len(ids), len(tokenizer)) and torch.isfinite(logits).all()
+    assert set(artifacts.evals) == {"heldout_greedy", "heldout_sampled", "unseen_sampled"}
+
+
+def test_init_model_copies_the_shipped_warm_start_instead_of_training(tmp_path):
+    artifacts = init_model(TinyPolicyConfig(), tmp_path)
+    assert artifacts.shipped and artifacts.reused
+    copied = artifacts.policy_dir / "model.safetensors"
+    assert copied.read_bytes() == (SHIPPED_DIR / "model.safetensors").read_bytes()
+    again = init_model(TinyPolicyConfig(), tmp_path)  # now the run directory's own cache
+    assert again.reused and not again.shipped
+
+
+def test_another_recipe_is_built_not_taken_from_the_shipped_files(tmp_path, tiny_recipe):
+    artifacts = init_model(tiny_recipe, tmp_path)
+    assert not artifacts.shipped and not artifacts.reused
+    assert artifacts.config_hash == tiny_recipe.config_hash != TinyPolicyConfig().config_hash
