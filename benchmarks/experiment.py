@@ -69,6 +69,8 @@ METHODS = (
     "entropy_tree",
 )
 BASELINE = "uniform"
+HEADLINE = ("trace", BASELINE)
+"""The methods run on every seed of `seeds`; the others use `ablation_seeds`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,37 +83,40 @@ class ExperimentConfig:
     """Run directories (one per method, series, seed) and the cached evaluations."""
     policy_run_dir: Path = Path("runs/demo")
     """Where `tracerl init-model` caches the default tiny policy (shared with `make run`)."""
-    methods: tuple[str, ...] = METHODS
-    seeds: tuple[int, ...] = (0, 1, 2)
-    steps: int = 16
-    """RL steps of every run."""
-    eval_at: tuple[int, ...] = (8, 16)
-    """Steps after which the policy is evaluated (the last must be `steps`)."""
+    methods: tuple[str, ...] = ("trace", "uniform", "dynamic_sampling", "random_tree")
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
+    """Seeds of TRACE and GRPO (`uniform`), the headline pair."""
+    steps: int = 32
+    """RL steps of every run (32 pools of 24 = 3.0 epochs over the 254 training questions)."""
+    eval_at: tuple[int, ...] = (8, 16, 32)
+    """Steps after which the main runs are evaluated (the last must be `steps`); ablation
+    runs are evaluated after the last one only."""
     leaves_per_step: int = 48
-    """The leaf series' budget per step; TRACE's default N=1 makes it M=24 roots."""
+    """The leaf series' budget per step (the demo's)."""
     pool_size: int = 24
     """Candidate questions per step."""
     token_series: bool = True
     """Also run the methods with the budget counted in generated tokens."""
-    token_methods: tuple[str, ...] | None = None
+    token_methods: tuple[str, ...] | None = HEADLINE
     """Methods of the token series (None: all of `methods`)."""
-    ablation_seeds: tuple[int, ...] | None = None
-    """Seeds of the ablation runs (None: all of `seeds`)."""
+    ablation_seeds: tuple[int, ...] | None = (0, 1, 2)
+    """Seeds of the ablation runs and of the methods other than TRACE and GRPO (None: all of
+    `seeds`)."""
     stage_ablation: bool = True
     """TRACE with Stage 1 and Stage 2 each uniform or active (leaf series)."""
-    budgets: tuple[tuple[int, int], ...] = ((16, 2), (32, 1))
-    """(M, N) budget configurations: TRACE with N continuations per root at M(1+N) leaves per
-    step, against GRPO at the same leaves (leaf series; the main runs are (24, 1))."""
-    predictor_ablation: bool = True
+    budgets: tuple[tuple[int, int], ...] = ()
+    """(M, N) budget configurations, e.g. `16 2 32 1`: TRACE with N continuations per root at
+    M(1+N) leaves per step, against GRPO at the same leaves (leaf series)."""
+    predictor_ablation: bool = False
     """TRACE with a constant p = 0.5 (the predictor off)."""
-    lr: float = 2e-4
+    lr: float = 3e-4
     """Policy learning rate (the demo's)."""
     questions: Literal["all", "hard"] = "all"
     """Train and test on every question kind, or only the `hard` ones (3-4-hop bridges,
     comparisons, inference)."""
     test_world_seed: int = 2026
     """The fresh world (never trained on): the second test set."""
-    test_questions: int = 60
+    test_questions: int = 160
     """Questions of the fresh world (0: all of them)."""
     test_samples: int = 1
     """T=1 samples per fresh-world question."""
@@ -212,14 +217,15 @@ def run_specs(config: ExperimentConfig) -> list[RunSpec]:
     series: list[Literal["leaves", "tokens"]] = ["leaves"]
     if config.token_series:
         series.append("tokens")
+    ablation_seeds = config.seeds if config.ablation_seeds is None else config.ablation_seeds
     for currency in series:
         per_step = config.leaves_per_step if currency == "leaves" else None
         methods = config.methods if currency == "leaves" else config.token_methods or config.methods
-        for seed in config.seeds:
-            for method in methods:
+        for method in methods:
+            for seed in config.seeds if method in HEADLINE else ablation_seeds:
                 alloc = (("name", method),)
                 specs.append(RunSpec("main", method, currency, seed, alloc, per_step))
-    for seed in config.seeds if config.ablation_seeds is None else config.ablation_seeds:
+    for seed in ablation_seeds:
         if config.stage_ablation:
             for s1, s2 in (("uniform", "uniform"), ("uniform", "active"), ("active", "uniform")):
                 alloc = (("name", "trace"), ("stage1", s1), ("stage2", s2))
@@ -254,6 +260,7 @@ class _Context:
 
     policy_dir: Path
     tokens_per_step: int
+    train_questions: int
     config: ExperimentConfig
 
 
@@ -326,6 +333,7 @@ def _evaluate(
 def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict[str, Any]]:
     """Build (or reuse) the tiny policy, evaluate it once, and fix the token budget."""
     from harness.tiny_policy import TinyPolicyConfig, init_model
+    from harness.tiny_policy.pipeline import is_hard
 
     artifacts = init_model(
         policy_config or TinyPolicyConfig(), config.policy_run_dir, progress=config.progress
@@ -343,8 +351,15 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
     # The token series' budget: what the leaf budget costs the start policy on the training
     # world, rounded to whole tokens.
     tokens_per_step = round(config.leaves_per_step * start_eval["heldout"]["tokens"])
+    world = artifacts.world()
+    train = [
+        i for i in artifacts.split["train"] if config.questions == "all" or is_hard(world.tasks[i])
+    ]
     context = _Context(
-        policy_dir=artifacts.policy_dir, tokens_per_step=tokens_per_step, config=config
+        policy_dir=artifacts.policy_dir,
+        tokens_per_step=tokens_per_step,
+        train_questions=len(train),
+        config=config,
     )
     return context, start_eval
 
@@ -432,7 +447,8 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
         )
     artifacts = load_artifacts(config.policy_run_dir)  # the policy's world and env, read once
     test_sets = None
-    for at in config.eval_at:
+    # the main runs draw the EM-against-tokens curves; an ablation needs its final EM only
+    for at in config.eval_at if spec.group == "main" else config.eval_at[-1:]:
         if str(at) in record["evals"]:
             continue
         checkpoint = latest_checkpoint(run_dir)
@@ -556,6 +572,19 @@ def _em_curve(summary: dict[str, Any], start_em: float) -> tuple[list[float], li
     return xs, ys
 
 
+def _curve_series(runs: dict[str, dict[str, Any]], method: str) -> str:
+    """The series in which `method` is compared with GRPO at equal generated tokens.
+
+    The token series where `method` was run in it (its budgets equal GRPO's by construction),
+    else the leaf series (the curves are then read at equal tokens).
+    """
+    in_tokens = any(
+        s["group"] == "main" and s["series"] == "tokens" and s["label"] == method
+        for s in runs.values()
+    )
+    return "tokens" if in_tokens else "leaves"
+
+
 def _main_by_seed(runs: dict[str, dict[str, Any]], series: str) -> dict[int, dict[str, Any]]:
     by_seed: dict[int, dict[str, Any]] = {}
     for s in runs.values():
@@ -569,13 +598,13 @@ def _paired_tokens(
 ) -> dict[str, Any] | None:
     """`method` minus GRPO in held-out EM at equal generated tokens, paired over seeds.
 
-    Each seed compares both curves at the smaller of their final token totals (the token
-    series, whose budgets are equal by construction, when it was run; else the leaf series).
+    Each seed compares both curves at the smaller of their final token totals, in the series
+    of `_curve_series`.
     """
     import numpy as np
     from scipy import stats
 
-    series = "tokens" if any(s["series"] == "tokens" for s in runs.values()) else "leaves"
+    series = _curve_series(runs, method)
     diffs = []
     for pair in _main_by_seed(runs, series).values():
         if method in pair and BASELINE in pair:
@@ -596,7 +625,7 @@ def _tokens_to_grpo_final(
     On the seed-mean curves (EM and tokens averaged at each evaluation), first crossing by
     linear interpolation; None when `method` never reaches it (or either is missing).
     """
-    series = "tokens" if any(s["series"] == "tokens" for s in runs.values()) else "leaves"
+    series = _curve_series(runs, method)
     curves: dict[str, tuple[list[float], list[float]]] = {}
     for label in (method, BASELINE):
         members = [
@@ -696,8 +725,11 @@ def _markdown(result: dict[str, Any], command: str) -> str:
         f"fresh-world EM {start['fresh_world']['em'] * 100:.1f} "
         f"({start['fresh_world']['n']} episodes); questions: {c['questions']}. "
         f"Every run: {c['steps']} steps, {c['leaves_per_step']} leaves or "
-        f"{result['tokens_per_step']} generated tokens per step, pool {c['pool_size']}, "
-        f"seeds {list(c['seeds'])}; EM and F1 in points, mean ± std over seeds.",
+        f"{result['tokens_per_step']} generated tokens per step, pool {c['pool_size']} "
+        f"({result['epochs']:.1f} epochs over the {result['train_questions']} training "
+        f"questions), lr {c['lr']}; seeds {list(c['seeds'])} for trace and uniform, "
+        f"{list(c['ablation_seeds'] or c['seeds'])} for the other methods and the ablations; "
+        "EM and F1 in points, mean ± std over seeds.",
         "",
     ]
     header = (
@@ -746,6 +778,21 @@ def _markdown(result: dict[str, Any], command: str) -> str:
                     f"| {series} | {method} | {_fmt(d['em_diff'])} | {per_seed} | "
                     f"{d['p_value']:.2f} | {_fmt(d['fresh_em_diff'])} |"
                 )
+        lines.append("")
+    if result["paired_tokens"]:
+        lines += ["**At equal generated tokens, paired over seeds** (held-out EM minus GRPO's, "
+                  "each seed's two curves read at the smaller of their final token totals; "
+                  "one-sample t-test), and the tokens each method needs to reach GRPO's final "
+                  "held-out EM over the tokens GRPO spent (seed-mean curves; – = never)", "",
+                  "| method | series | EM diff | per seed | p | tokens to GRPO's final |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for method, d in result["paired_tokens"].items():
+            per_seed = ", ".join(f"{x * 100:+.1f}" for x in d["diffs"])
+            ratio = result["tokens_to_grpo_final"].get(method)
+            lines.append(
+                f"| {method} | {d['series']} | {d['diff'] * 100:+.1f} | {per_seed} | "
+                f"{d['p']:.3f} | {'–' if ratio is None else f'{ratio:.2f}×'} |"
+            )
         lines.append("")
     lines.append(f"Figure: `{result['files']['plot']}`; raw: `{result['files']['json']}`.")
     return "\n".join(lines)
@@ -865,6 +912,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         f"Python {platform.python_version()}",
         "config": json.loads(json.dumps(dataclasses.asdict(config), default=str)),
         "tokens_per_step": context.tokens_per_step,
+        "train_questions": context.train_questions,
+        "epochs": config.steps * config.pool_size / max(context.train_questions, 1),
         "start_eval": start_eval,
         "cells": cells,
         "paired": paired,

@@ -17,7 +17,12 @@ pytest.importorskip("openrlhf")
 
 def test_run_specs_cover_methods_series_seeds_and_ablations():
     config = ExperimentConfig(
-        methods=("trace", "uniform"), seeds=(0, 1), budgets=((16, 2),), leaves_per_step=32
+        methods=("trace", "uniform"),
+        seeds=(0, 1),
+        ablation_seeds=None,
+        budgets=((16, 2),),
+        predictor_ablation=True,
+        leaves_per_step=32,
     )
     specs = run_specs(config)
     main_runs = [s for s in specs if s.group == "main"]
@@ -31,6 +36,23 @@ def test_run_specs_cover_methods_series_seeds_and_ablations():
     (off,) = {s for s in specs if s.group == "predictor" and s.seed == 0}
     assert off.predictor == "constant" and dict(off.alloc) == {"name": "trace"}
     assert len({s.run_id for s in specs}) == len(specs)
+
+
+def test_default_runs_the_headline_pair_on_five_seeds_and_the_rest_on_three():
+    specs = run_specs(ExperimentConfig())
+    seeds: dict[tuple[str, str, str], set[int]] = {}
+    for s in specs:
+        seeds.setdefault((s.group, s.series, s.label), set()).add(s.seed)
+    for series in ("leaves", "tokens"):
+        for method in ("trace", "uniform"):
+            assert seeds[("main", series, method)] == {0, 1, 2, 3, 4}
+    for method in ("dynamic_sampling", "random_tree"):
+        assert seeds[("main", "leaves", method)] == {0, 1, 2}
+        assert ("main", "tokens", method) not in seeds
+    stages = {k for k in seeds if k[0] == "stages"}
+    assert len(stages) == 3 and all(seeds[k] == {0, 1, 2} for k in stages)
+    config = ExperimentConfig()  # at least 3 epochs over the 254 training questions
+    assert config.steps * config.pool_size >= 3 * 254
 
 
 def test_config_rejects_unknown_methods_and_bad_eval_steps():
@@ -52,7 +74,7 @@ def test_gpu_recipe_prints_one_launch_command_per_method_and_seed(capsys):
     assert experiment.cli(["--backend", "openrlhf", "--seeds", "0", "1", "--json"]) == 0
     out = capsys.readouterr().out.splitlines()
     commands = json.loads(out[-1])["commands"]
-    assert len(commands) == 2 * len(experiment.METHODS)
+    assert len(commands) == 2 * len(ExperimentConfig().methods)
     first = shlex.split(commands[0])
     assert "scripts/train_qwen3_8b_hotpotqa.sh" in first and first[-2:] == ["--seed", "0"]
     assert "MODEL=Qwen/Qwen3-8B" in first
