@@ -829,9 +829,10 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _priority(spec: RunSpec) -> int:
-    if spec.group == "main" and spec.series == "leaves":
-        return 0 if spec.label in ("trace", BASELINE) else 1
-    return 2 if spec.group == "main" else 3
+    """The headline pair in both currencies first, then the other methods, then ablations."""
+    if spec.group == "main":
+        return 0 if spec.label in HEADLINE else 1
+    return 2
 
 
 def _run_all(
