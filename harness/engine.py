@@ -43,6 +43,7 @@ from harness.errors import HarnessError
 from trace_alloc import (
     Allocator,
     BudgetLimit,
+    Executor,
     Predictor,
     Prompt,
     Rollout,
@@ -99,6 +100,8 @@ class TreeRolloutEngine:
         seed: Seeds the engine's generator (the per-turn sampling seeds).
         batch_tool_calls: Send all searches of a turn of the wave to the retriever in one
             batched call (`harness.episodes.prefetch_searches`); False: one call per episode.
+        snapshot_prefix: Starts every snapshot id; data-parallel ranks each take their own
+            (`harness.distributed.ShardedExecutor` routes a fork to the rank that parked it).
 
     Example:
         >>> engine = TreeRolloutEngine(backend, env, codec, sampling=sampling)  # doctest: +SKIP
@@ -116,6 +119,7 @@ class TreeRolloutEngine:
         max_total_tokens: int | None = None,
         seed: int = 0,
         batch_tool_calls: bool = True,
+        snapshot_prefix: str = "s",
     ) -> None:
         if max_total_tokens is not None and max_total_tokens <= sampling.max_new_tokens:
             raise ValueError(
@@ -128,6 +132,7 @@ class TreeRolloutEngine:
         self.sampling = sampling
         self.max_total_tokens = max_total_tokens
         self.batch_tool_calls = batch_tool_calls
+        self.snapshot_prefix = snapshot_prefix
         self.rng = np.random.default_rng(seed)
         self._store: dict[str, LiveEpisode] = {}
         self._n_parked = 0
@@ -188,7 +193,7 @@ class TreeRolloutEngine:
 
     def _park(self, episode: LiveEpisode) -> str:
         self._n_parked += 1
-        snapshot_id = f"s{self._step_tag}.{self._n_parked}"
+        snapshot_id = f"{self.snapshot_prefix}{self._step_tag}.{self._n_parked}"
         self._store[snapshot_id] = episode.fork(1)[0]  # never stepped: forks start from it
         return snapshot_id
 
@@ -279,6 +284,7 @@ class TreeRolloutEngine:
         carry: float = 0.0,
         tokens_per_leaf: float | None = None,
         max_waves: int = 64,
+        execute: Executor | None = None,
     ) -> StepResult:
         """Start the pool, let `trace_alloc.run_step` spend the budget, clear the store.
 
@@ -291,6 +297,8 @@ class TreeRolloutEngine:
             carry: The previous step's `StepResult.carry`.
             tokens_per_leaf: Token-currency estimate for the first wave.
             max_waves: Safety bound on the number of waves.
+            execute: What runs the waves (default: this engine); a wrapper around it such as
+                `harness.distributed.ShardedExecutor`.
 
         Returns:
             The driver's `StepResult`: the trees, the trees to train on, spend and carry.
@@ -300,7 +308,7 @@ class TreeRolloutEngine:
             return run_step(
                 allocator,
                 prompts,
-                execute=self,
+                execute=self if execute is None else execute,
                 budget=budget,
                 rng=rng,
                 predictor=predictor,

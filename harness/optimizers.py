@@ -1,19 +1,25 @@
-"""The trainer's optimizer step, plain PyTorch or DeepSpeed ZeRO in one CPU process.
+"""The trainer's optimizer step, plain PyTorch or DeepSpeed ZeRO, in one CPU process or several.
 
 Both wrappers take a loss that is already normalised over the whole step's batch (the trainer
-divides by the step's action-token count), accumulate gradients over micro-batches with
-`backward`, and apply one update with `step`:
+divides by the step's action-token count, across all ranks), accumulate gradients over
+micro-batches with `backward`, and apply one update with `step`:
 
-- `TorchOptimizer`: `torch.optim.AdamW` with gradient-norm clipping;
+- `TorchOptimizer`: `torch.optim.AdamW` with gradient-norm clipping; under torchrun it averages
+  the gradients over the ranks before clipping (what DDP does), so every rank takes the same step;
 - `DeepSpeedOptimizer`: the same AdamW as DeepSpeed's *client* optimizer, wrapped by
-  `deepspeed.initialize` with ZeRO stage 0-3, on the gloo backend with world size 1. A client
-  torch optimizer avoids the multi-minute JIT build of DeepSpeed's fused CPU Adam; DeepSpeed's
-  CPU accelerator still JIT-builds its shared-memory comm op on first use (about a minute on 2
-  cores, cached in `~/.cache/torch_extensions`; research/install.md, step 4).
+  `deepspeed.initialize` with ZeRO stage 0-3 on the gloo backend: one process, or the
+  torchrun group (DeepSpeed averages the gradients and partitions optimizer state, gradients
+  and, at stage 3, the weights across the ranks). A client torch optimizer avoids the
+  multi-minute JIT build of DeepSpeed's fused CPU Adam; DeepSpeed's CPU accelerator still
+  JIT-builds its shared-memory comm op on first use (about a minute on 2 cores, cached in
+  `~/.cache/torch_extensions`; research/install.md, step 4).
+
+Gradients are *averaged* over ranks, as in DDP and DeepSpeed; the trainer multiplies its loss by
+the world size (OpenRLHF's `dp_size`) so that the averaged gradient is the global token mean's.
 
 DeepSpeed reads its rendezvous from `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `LOCAL_RANK` and
-`WORLD_SIZE`; `DeepSpeedOptimizer` sets the ones that are unset to a one-process, loopback
-group (a free port on 127.0.0.1).
+`WORLD_SIZE` (torchrun sets them); `DeepSpeedOptimizer` sets the ones that are unset to a
+one-process, loopback group (a free port on 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import socket
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
+import torch.distributed as dist
 
 from harness.backends.base import BackendUnavailable
 
@@ -109,8 +116,15 @@ class TorchOptimizer:
         loss.backward()
 
     def step(self, lr: float) -> float:
-        """Clip, update, zero the gradients; returns the norm before clipping."""
+        """Average over ranks, clip, update, zero the gradients; returns the pre-clip norm."""
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        world = _world_size()
+        if world > 1:  # DDP's gradient all-reduce, once per step (every rank then steps alike)
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
         if self.grad_clip > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip))
         else:
@@ -134,12 +148,17 @@ class TorchOptimizer:
         self.optimizer.load_state_dict(state)
 
 
+def _world_size() -> int:
+    """Ranks in the default process group (1 without one)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
 def _norm(p: torch.Tensor) -> torch.Tensor:
     return torch.zeros(()) if p.grad is None else torch.linalg.vector_norm(p.grad.detach())
 
 
 class DeepSpeedOptimizer:
-    """AdamW wrapped by a DeepSpeed ZeRO engine (stage 0-3), one process, gloo.
+    """AdamW wrapped by a DeepSpeed ZeRO engine (stage 0-3) on gloo, one process or torchrun's.
 
     Gradient accumulation is driven here: every micro-batch but the step's last runs with the
     engine's accumulation boundary off, the last with it on (DeepSpeed reduces the gradients
@@ -200,7 +219,8 @@ class DeepSpeedOptimizer:
         self.zero_stage = zero_stage
         self._ds_optimizer = ds_optimizer
         self._boundary = False
-        log.info("DeepSpeed ZeRO-%d engine ready (gloo, world size 1)", zero_stage)
+        self.world_size = _world_size()
+        log.info("DeepSpeed ZeRO-%d engine ready (gloo, %d rank(s))", zero_stage, self.world_size)
 
     def backward(self, loss: torch.Tensor, *, last: bool) -> None:
         """Accumulate; on the `last` micro-batch DeepSpeed also reduces the gradients."""
@@ -247,20 +267,39 @@ class DeepSpeedOptimizer:
         """The ZeRO optimizer's state: its entries made of tensors, numbers and strings only.
 
         The rest (the loss scaler object, the stage enum) follows from the config and is rebuilt
-        by the engine, so a checkpoint loads with `torch.load(weights_only=True)`.
+        by the engine, so a checkpoint loads with `torch.load(weights_only=True)`. With several
+        ranks and ZeRO 1-3, each rank holds a partition: this is then a collective, and returns
+        `{"ranks": [rank 0's, rank 1's, ...]}` on every rank.
         """
-        return {k: v for k, v in self._ds_optimizer.state_dict().items() if _plain(v)}
+        own = {k: v for k, v in self._ds_optimizer.state_dict().items() if _plain(v)}
+        if self.world_size == 1 or self.zero_stage == 0:  # whole (stage 0 is replicated)
+            return own
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, own)
+        return {"ranks": gathered}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore `state_dict` output over this engine's own (config-derived) entries.
 
         Load the model's weights first; ZeRO's fp32 master copies come from `state`.
+
+        Raises:
+            ValueError: a state saved by another number of ranks.
         """
-        merged = self._ds_optimizer.state_dict() | dict(state)
+        saved = list(state["ranks"]) if "ranks" in state else [state]
+        partitioned = self.zero_stage > 0 and self.world_size > 1
+        if len(saved) != (self.world_size if partitioned else 1):
+            raise ValueError(
+                f"the optimizer state holds {len(saved)} ZeRO-{self.zero_stage} partition(s); "
+                f"this run has {self.world_size} rank(s): resume with the saving run's "
+                "--nproc_per_node"
+            )
+        own = self._ds_optimizer.state_dict()
+        merged = [own | dict(s) for s in saved]
         if self.zero_stage == 0:  # the client AdamW itself
-            self._ds_optimizer.load_state_dict(merged)
-        else:  # one state per data-parallel rank; this group has one
-            self._ds_optimizer.load_state_dict([merged], load_from_fp32_weights=True)
+            self._ds_optimizer.load_state_dict(merged[0])
+        else:  # one state per data-parallel rank; each rank loads its own
+            self._ds_optimizer.load_state_dict(merged, load_from_fp32_weights=True)
 
 
 def _plain(value: Any) -> bool:

@@ -15,6 +15,10 @@ phases of a step in order:
 6. **log and checkpoint**: one JSON record per step (`metrics.jsonl`, TensorBoard) and an
    atomic checkpoint every `checkpoint_every` steps, from which `resume=True` continues exactly.
 
+Under `torchrun --nproc_per_node N` the same loop runs data-parallel: rollouts are sharded by
+rank wave by wave, leaves are dealt to ranks, the loss is the global token mean, and only rank 0
+writes files (`harness.distributed`).
+
 A baseline is an allocator name (`alloc.name`), never another trainer: every method goes
 through the same engine, budget, advantages and loss. `train(config)` returns a summary, so
 an experiment script can run many configurations from Python.
@@ -22,9 +26,11 @@ an experiment script can run many configurations from Python.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
+import math
 import random
 import time
 import typing
@@ -40,6 +46,16 @@ from tqdm.auto import tqdm
 from envs import TaskSet, World, WorldConfig
 from harness.backends import SamplingParams, TransformersBackend
 from harness.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from harness.distributed import (
+    ONE_PROCESS,
+    Ranks,
+    ShardedExecutor,
+    all_gather,
+    check_same_across_ranks,
+    deal,
+    init_from_env,
+    sum_across_ranks,
+)
 from harness.engine import TreeRolloutEngine
 from harness.episodes import EpisodeCodec, evaluate_policy
 from harness.errors import HarnessError
@@ -81,6 +97,7 @@ __all__ = [
     "make_predictor",
     "rollout_metrics",
     "train",
+    "update_policy",
 ]
 
 log = logging.getLogger(__name__)
@@ -266,7 +283,8 @@ class OptimConfig:
     """The optimizer step."""
 
     backend: Literal["torch", "deepspeed"] = "torch"
-    """`torch` AdamW, or the same AdamW inside a DeepSpeed ZeRO engine (one process, gloo)."""
+    """`torch` AdamW, or the same AdamW inside a DeepSpeed ZeRO engine (gloo; one process, or
+    data-parallel under `torchrun --nproc_per_node N`)."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (0-3) for `backend=deepspeed`."""
     lr: float = 1e-4
@@ -276,7 +294,7 @@ class OptimConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 16
-    """Leaves per forward/backward pass."""
+    """Leaves per forward/backward pass (per rank under torchrun)."""
     ppo_epochs: int = 1
     """Updates per step over the step's leaves (1: on-policy, the ratio is exactly 1)."""
 
@@ -597,8 +615,10 @@ def train(config: TrainConfig) -> TrainSummary:
     if not config.resume and checkpoint_path is not None:
         raise ResumeError(f"{run_dir} already holds a run; pass --resume or use a new --run-dir")
     _check_policy_task(config)
+    ranks = init_from_env()  # torchrun's group on gloo, or one process
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2), encoding="utf-8")
+    if ranks.is_main:
+        (run_dir / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2), encoding="utf-8")
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     random.seed(config.seed)
@@ -638,7 +658,16 @@ def train(config: TrainConfig) -> TrainSummary:
     retriever = CachedRetriever(BM25Retriever.build(world.documents))
     env = config.task.env.make_env(train_tasks, retriever)
     codec = EpisodeCodec(tokenizer)
-    backend = TransformersBackend(model, tokenizer)
+    ckpt = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
+    if ckpt is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions them
+        model.load_state_dict(ckpt.model)
+    # ZeRO-3 partitions the weights, so every forward of `model` becomes a collective, which
+    # rollouts (a different amount of generation on each rank) cannot be: rollouts and
+    # evaluation then use a whole copy, refreshed from the gathered weights before every step
+    # (OpenRLHF's weight sync to its vLLM engines, in miniature)
+    partitioned = config.optim.backend == "deepspeed" and config.optim.zero_stage == 3
+    rollout_model = copy.deepcopy(model) if partitioned else model
+    backend = TransformersBackend(rollout_model, tokenizer)
     sampling = SamplingParams(
         max_new_tokens=config.rollout.max_new_tokens,
         temperature=config.rollout.temperature,
@@ -651,15 +680,14 @@ def train(config: TrainConfig) -> TrainSummary:
         codec,
         sampling=sampling,
         max_total_tokens=config.rollout.max_total_tokens,
-        seed=config.seed,
+        # ranks sample with their own streams (the same one would repeat samples across ranks)
+        seed=config.seed + 1_000_003 * ranks.rank,
+        snapshot_prefix=f"r{ranks.rank}s" if ranks.world_size > 1 else "s",
     )
     allocator = config.alloc.build()
     budget = BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step)
     alloc_rng = np.random.default_rng([config.seed, 1])
     predictor = make_predictor(config.predictor, seed=config.seed)
-    ckpt = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
-    if ckpt is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions them
-        model.load_state_dict(ckpt.model)
     optimizer = make_optimizer(
         model,
         backend=config.optim.backend,
@@ -687,21 +715,27 @@ def train(config: TrainConfig) -> TrainSummary:
         s = ckpt.state
         random.setstate(_python_rng_from_json(s["python_rng"]))
         alloc_rng.bit_generator.state = s["alloc_rng"]
-        engine.set_rng_state(s["engine_rng"])
+        engine.set_rng_state(_rank_engine_rng(s, ranks))
         cursor.epoch, cursor.position = int(s["cursor"]["epoch"]), int(s["cursor"]["position"])
         carry, tokens_per_leaf = float(s["carry"]), float(s["tokens_per_leaf"])
         totals = Spend(**s["totals"])
         start_step = ckpt.step
         log.info("resuming %s from step %d (%s)", run_dir, start_step, checkpoint_path)
-    metrics_log = MetricsLog(
-        run_dir, tensorboard=config.tensorboard, resume_step=start_step if config.resume else None
+    metrics_log = (
+        MetricsLog(
+            run_dir,
+            tensorboard=config.tensorboard,
+            resume_step=start_step if config.resume else None,
+        )
+        if ranks.is_main
+        else None
     )
 
     # the run's size, before the first step (nanoGPT)
     per_step = f"{config.budget.per_step:,} {config.budget.currency}"
     log.info(
         "policy %s: %s parameters | %d train / %d eval questions | allocator %s | budget %s "
-        "per step over a pool of %d prompts | steps %d-%d | total budget %s %s",
+        "per step over a pool of %d prompts | steps %d-%d | total budget %s %s | rank %d of %d",
         config.policy,
         f"{n_params:,}",
         len(train_tasks),
@@ -713,6 +747,8 @@ def train(config: TrainConfig) -> TrainSummary:
         config.steps,
         f"{config.budget.per_step * (config.steps - start_step):,}",
         config.budget.currency,
+        ranks.rank,
+        ranks.world_size,
     )
 
     def evaluate(step: int) -> dict[str, float]:
@@ -737,18 +773,26 @@ def train(config: TrainConfig) -> TrainSummary:
         }
 
     last: dict[str, Any] = {}
-    if config.eval.every and start_step == 0:
-        model.eval()
+    if config.eval.every and start_step == 0 and metrics_log is not None:
+        rollout_model.eval()
         metrics_log.write(0, evaluate(0))
-    bar = tqdm(total=config.steps, initial=start_step, desc="train", disable=not config.progress)
+    bar = tqdm(
+        total=config.steps,
+        initial=start_step,
+        desc="train",
+        disable=not (config.progress and ranks.is_main),
+    )
     for step in range(start_step + 1, config.steps + 1):
         t_step = time.perf_counter()
 
         # 1. data
         pool = cursor.take(config.budget.pool_size)
 
-        # 2. rollout: the allocator spends exactly this step's budget
-        model.eval()
+        # 2. rollout: the allocator spends exactly this step's budget (across the ranks, wave by
+        # wave, when there are several: every rank ends with the same trees)
+        if partitioned:
+            rollout_model.load_state_dict(optimizer.model_state_dict())
+        rollout_model.eval()
         engine.reset_stats()
         result = engine.run_step(
             allocator,
@@ -759,15 +803,19 @@ def train(config: TrainConfig) -> TrainSummary:
             carry=carry,
             tokens_per_leaf=tokens_per_leaf,
             max_waves=config.budget.max_waves,
+            execute=ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None,
         )
         rollout_stats = engine.stats
         carry, tokens_per_leaf = result.carry, result.tokens_per_leaf or tokens_per_leaf
         totals = totals + result.spent
         record: dict[str, Any] = rollout_metrics(result)
+        if ranks.world_size > 1:  # the rollout shards: how evenly the ranks shared the step
+            record["perf/rollouts_by_rank"] = all_gather(rollout_stats.n_rollouts, ranks)
 
         # 3. predictor: calibration on unseen nodes first (roots and prefixes apart), then
         # learn every node, weighted by its outcomes
         record |= learn_from_step(predictor, result.trees)
+        check_same_across_ranks(predictor.state_dict(), ranks, "predictor")
 
         # 4. advantages on the trees the allocator keeps for training
         trees = [result.trees[i] for i in result.train_indices]
@@ -782,7 +830,7 @@ def train(config: TrainConfig) -> TrainSummary:
         # 5. policy update
         t_update = time.perf_counter()
         lr = _lr(step, config.optim)
-        update = _update(
+        update = update_policy(
             optimizer,
             reference,
             policy_loss,
@@ -791,6 +839,7 @@ def train(config: TrainConfig) -> TrainSummary:
             config,
             pad_id=pad_id,
             lr=lr,
+            ranks=ranks,
         )
         record |= update
 
@@ -815,31 +864,39 @@ def train(config: TrainConfig) -> TrainSummary:
             "data/pool": pool,
             "data/trained": [result.trees[i].prompt_id for i in result.train_indices],
         }
-        if config.eval.every and step % config.eval.every == 0:
-            model.eval()
+        if config.eval.every and step % config.eval.every == 0 and ranks.is_main:
+            rollout_model.eval()
             record |= evaluate(step)
-        metrics_log.write(step, record)
+        if metrics_log is not None:
+            metrics_log.write(step, record)
         last = {"step": step, **record}
-        if config.save_trees_every and step % config.save_trees_every == 0:
+        if config.save_trees_every and step % config.save_trees_every == 0 and ranks.is_main:
             _save_trees(run_dir, step, result)
         if step % config.checkpoint_every == 0 or step == config.steps:
-            save_checkpoint(
-                run_dir,
-                step,
-                model=optimizer.model_state_dict(),
-                optimizer=optimizer.state_dict(),
-                predictor=predictor.state_dict(),
-                state={
-                    "python_rng": _python_rng_to_json(random.getstate()),
-                    "alloc_rng": alloc_rng.bit_generator.state,
-                    "engine_rng": engine.rng_state(),
-                    "cursor": {"epoch": cursor.epoch, "position": cursor.position},
-                    "carry": carry,
-                    "tokens_per_leaf": tokens_per_leaf,
-                    "totals": dataclasses.asdict(totals),
-                },
-                keep=config.keep_checkpoints,
-            )
+            # collectives under several ranks (ZeRO-3 weights, ZeRO partitions, rng streams)
+            weights, optimizer_state = optimizer.model_state_dict(), optimizer.state_dict()
+            engine_rngs = all_gather(engine.rng_state(), ranks)
+            state = {
+                "python_rng": _python_rng_to_json(random.getstate()),
+                "alloc_rng": alloc_rng.bit_generator.state,
+                "engine_rng": engine_rngs[0],
+                "cursor": {"epoch": cursor.epoch, "position": cursor.position},
+                "carry": carry,
+                "tokens_per_leaf": tokens_per_leaf,
+                "totals": dataclasses.asdict(totals),
+            }
+            if ranks.world_size > 1:
+                state["engine_rng_by_rank"] = engine_rngs
+            if ranks.is_main:
+                save_checkpoint(
+                    run_dir,
+                    step,
+                    model=weights,
+                    optimizer=optimizer_state,
+                    predictor=predictor.state_dict(),
+                    state=state,
+                    keep=config.keep_checkpoints,
+                )
         bar.update(1)
         bar.set_postfix(
             reward=f"{record['rollout/reward']:.2f}",
@@ -847,11 +904,14 @@ def train(config: TrainConfig) -> TrainSummary:
             refresh=False,
         )
     bar.close()
-    metrics_log.close()
+    if metrics_log is not None:
+        metrics_log.close()
 
     policy_dir = run_dir / "policy"
-    model.save_pretrained(policy_dir, state_dict=optimizer.model_state_dict())
-    tokenizer.save_pretrained(policy_dir)
+    weights = optimizer.model_state_dict()  # a collective under ZeRO-3
+    if ranks.is_main:
+        model.save_pretrained(policy_dir, state_dict=weights)
+        tokenizer.save_pretrained(policy_dir)
     summary = TrainSummary(
         run_dir=run_dir,
         steps=config.steps,
@@ -864,11 +924,14 @@ def train(config: TrainConfig) -> TrainSummary:
         final=last,
         wall_s=time.perf_counter() - wall_start,
     )
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary.to_json(), indent=2), encoding="utf-8")
+    if ranks.is_main:
+        (run_dir / SUMMARY_FILE).write_text(
+            json.dumps(summary.to_json(), indent=2), encoding="utf-8"
+        )
     return summary
 
 
-def _update(
+def update_policy(
     optimizer: Any,
     reference: Any,
     policy_loss: Any,
@@ -878,13 +941,28 @@ def _update(
     *,
     pad_id: int,
     lr: float,
+    ranks: Ranks = ONE_PROCESS,
 ) -> dict[str, float]:
-    """PPO epochs over the step's leaves: one optimizer step per epoch; returns the metrics."""
+    """PPO epochs over the step's leaves: one optimizer step per epoch; returns the metrics.
+
+    The update phase of `train`, public so that `benchmarks.data_parallel` can drive it on
+    fixed leaves. `leaves` is the step's global list, the same on every rank; each rank trains
+    on its dealt share (`harness.distributed.deal`), normalised by the global token count, and
+    the metrics are summed over the ranks, so N ranks report and step as one process would.
+    """
     nan = float("nan")
     if not leaves:  # no contrast this step: nothing to learn from
         return {"loss/policy": nan, "policy/n_train_leaves": 0, "policy/n_train_tokens": 0}
-    batches = _batches(leaves, config.optim.micro_batch_size, pad_id)
-    n_tokens = float(sum(b.mask.sum() for b in batches))  # the step's action tokens
+    mbs = config.optim.micro_batch_size
+    batches = _batches(deal(leaves, ranks, size=lambda t: len(t.token_ids)), mbs, pad_id)
+    # ZeRO-3's forward and backward are collectives: every rank runs as many micro-batches as
+    # the rank with the most, the missing ones with zero weight
+    n_micro = math.ceil(math.ceil(len(leaves) / ranks.world_size) / mbs)
+    filler = batches[0] if batches else _batches(leaves[:1], mbs, pad_id)[0]
+    batches += [_weightless(filler)] * (n_micro - len(batches))
+    # the step's action tokens over every rank (the shift drops each leaf's first token)
+    n_tokens = float(sum(int(t.action_mask[1:].sum()) for t in leaves))
+    dp = ranks.world_size  # undoes the gradient average over ranks (OpenRLHF's dp_size)
     model = optimizer.model
     kl_coef = config.loss.kl_coef
     temperature = config.rollout.temperature
@@ -910,6 +988,7 @@ def _update(
                 old,
                 batch.advantages,
                 batch.mask,
+                dp_size=dp,
                 batch_num_tokens=n_tokens if config.loss.token_level_loss else None,
                 global_batch_size=float(len(leaves)) if not config.loss.token_level_loss else None,
             )
@@ -919,7 +998,7 @@ def _update(
                     logprobs, ref_logprobs[i], kl_estimator=config.loss.kl_estimator
                 )  # (B, T-1)
                 kl_mean = (kl * batch.mask).sum() / n_tokens
-                loss = loss + kl_coef * kl_mean
+                loss = loss + kl_coef * kl_mean * dp
                 sums["kl"] += float(kl_mean)
             optimizer.backward(loss, last=i == len(batches) - 1)
             with torch.no_grad():
@@ -927,11 +1006,13 @@ def _update(
                 sums["entropy"] += float((entropy * batch.mask).sum()) / n_tokens
                 gap = (batch.rollout_logprobs - logprobs.detach()).abs()  # (B, T-1)
                 sums["gap"] += float((gap * batch.mask).sum()) / n_tokens
-            sums["loss"] += loss.item()
-            sums["clip"] += float(clip_ratio) * share
-            sums["ppo_kl"] += float(ppo_kl) * share
+            sums["loss"] += loss.item() / dp
+            if share > 0:  # a weightless filler's masked means are 0/0
+                sums["clip"] += float(clip_ratio) * share
+                sums["ppo_kl"] += float(ppo_kl) * share
         grad_norm = optimizer.step(lr)
     model.eval()
+    sums = sum_across_ranks(sums, ranks)
     epochs = config.optim.ppo_epochs
     return {
         "loss/policy": sums["loss"] / epochs,
@@ -945,6 +1026,26 @@ def _update(
         "policy/n_train_leaves": len(leaves),
         "policy/n_train_tokens": int(n_tokens),
     }
+
+
+def _weightless(batch: _Batch) -> _Batch:
+    """`batch` with no action tokens: a forward and backward that add nothing to the step."""
+    return dataclasses.replace(batch, mask=torch.zeros_like(batch.mask))
+
+
+def _rank_engine_rng(state: Mapping[str, Any], ranks: Ranks) -> dict[str, Any]:
+    """This rank's engine generator state from a checkpoint's `state.json`.
+
+    Raises:
+        ResumeError: the checkpoint was written by another number of ranks.
+    """
+    by_rank = state.get("engine_rng_by_rank", [state["engine_rng"]])
+    if len(by_rank) != ranks.world_size:
+        raise ResumeError(
+            f"the checkpoint was written by {len(by_rank)} rank(s), this run has "
+            f"{ranks.world_size}: resume with the same --nproc_per_node"
+        )
+    return dict(by_rank[ranks.rank])
 
 
 def _logprobs(

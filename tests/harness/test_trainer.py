@@ -27,10 +27,10 @@ from harness.trainer import (
     RolloutConfig,
     TaskConfig,
     TrainConfig,
-    _update,
     config_from_dict,
     load_config,
     train,
+    update_policy,
 )
 
 pytest.importorskip("openrlhf")
@@ -226,7 +226,7 @@ def _grads(micro_batch_size: int) -> dict[str, torch.Tensor]:
     config = small_config(
         Path("x"), Path("p"), optim=OptimConfig(micro_batch_size=micro_batch_size)
     )
-    metrics = _update(
+    metrics = update_policy(
         Capture(model), None, losses.PolicyLoss(), losses, _leaves(), config, pad_id=0, lr=1e-3
     )
     assert metrics["policy/n_train_tokens"] == 4
@@ -256,7 +256,7 @@ def test_an_update_raises_the_log_prob_of_positively_advantaged_actions_only():
     config = small_config(Path("x"), Path("p"))
     optimizer = TorchOptimizer(model, lr=1e-2)
     for _ in range(5):
-        _update(
+        update_policy(
             optimizer, None, losses.PolicyLoss(), losses, _leaves()[:2], config, pad_id=0, lr=1e-2
         )
     after = logp()
@@ -300,7 +300,7 @@ def test_the_loss_scores_log_probs_under_the_sampling_temperature(policy_dir, te
     config = small_config(
         Path("x"), Path("p"), rollout=RolloutConfig(temperature=temperature, max_new_tokens=12)
     )
-    metrics = _update(
+    metrics = update_policy(
         Capture(model), None, losses.PolicyLoss(), losses, [leaf], config, pad_id=0, lr=1e-3
     )
     assert metrics["policy/n_train_tokens"] == n
@@ -312,7 +312,7 @@ def test_no_contrast_means_no_update():
 
     losses = openrlhf_losses()
     config = small_config(Path("x"), Path("p"))
-    out = _update(None, None, losses.PolicyLoss(), losses, [], config, pad_id=0, lr=1e-3)
+    out = update_policy(None, None, losses.PolicyLoss(), losses, [], config, pad_id=0, lr=1e-3)
     assert out["policy/n_train_leaves"] == 0
 
 
@@ -460,10 +460,11 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir)
 
 
 @pytest.mark.slow
-def test_one_deepspeed_zero2_step_trains_like_torch(tmp_path, policy_dir):
+@pytest.mark.parametrize("stage", [2, 3])  # 3: rollouts on a whole copy of the partitioned weights
+def test_one_deepspeed_zero_step_trains_like_torch(tmp_path, policy_dir, stage):
     pytest.importorskip("deepspeed")
     torch_run = train(small_config(tmp_path / "torch", policy_dir, steps=1))
-    zero_optim = OptimConfig(lr=1e-3, micro_batch_size=8, backend="deepspeed", zero_stage=2)
+    zero_optim = OptimConfig(lr=1e-3, micro_batch_size=8, backend="deepspeed", zero_stage=stage)
     zero_run = train(small_config(tmp_path / "zero", policy_dir, steps=1, optim=zero_optim))
     a, b = torch_run.final, zero_run.final
     assert a["policy/n_train_leaves"] > 0
