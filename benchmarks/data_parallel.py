@@ -149,9 +149,19 @@ def _train(name: str, args: Args, ranks: Ranks, steps: range, start: Any = None)
                 ranks=ranks,
             )
         )
-        # copied: the torch optimizer's dicts hold the live tensors the next step updates
-        states.append(copy.deepcopy((optimizer.model_state_dict(), optimizer.state_dict())))
+        states.append((_copied(optimizer.model_state_dict()), _copied(optimizer.state_dict())))
     return metrics, states
+
+
+def _copied(value: Any) -> Any:
+    """A copy of nested tensors: the torch optimizer's dicts hold the live tensors it updates."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _copied(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_copied(v) for v in value)
+    return value
 
 
 def worker(args: Args) -> None:
