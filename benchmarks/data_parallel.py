@@ -77,7 +77,8 @@ class Args:
     """Internal: run as one rank of a launch and write the results under this directory."""
 
 
-def _model() -> torch.nn.Module:
+def tiny_model() -> torch.nn.Module:
+    """A 1-layer Qwen3 of vocabulary 50, seeded: the same weights in every process."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
@@ -117,7 +118,7 @@ def fixed_leaves(step: int, n: int) -> list[TokenAdvantages]:
 def _train(name: str, args: Args, ranks: Ranks, steps: range, start: Any = None) -> Any:
     """Run `steps` of updates for backend `name`; returns (metrics, weights, optimizer state)."""
     backend, stage = BACKENDS[name]
-    model = _model()
+    model = tiny_model()
     reference = copy.deepcopy(model).eval().requires_grad_(False)
     if start is not None:
         model.load_state_dict(start[0])  # before ZeRO-3 partitions the weights
@@ -245,7 +246,7 @@ def main(args: Args) -> dict[str, Any]:
                     for x, y in zip(a["metrics"], b["metrics"], strict=True)
                 ),
                 "max_weight_abs_diff": _max_diff(a["weights"], b["weights"]),
-                "max_weight_change": _max_diff(a["weights"], _model().state_dict()),
+                "max_weight_change": _max_diff(a["weights"], tiny_model().state_dict()),
                 "resumed_max_weight_abs_diff": _max_diff(b["weights"], b["resumed_weights"]),
                 "losses_1proc": [m["loss/policy"] for m in a["metrics"]],
                 "losses_2proc": [m["loss/policy"] for m in b["metrics"]],

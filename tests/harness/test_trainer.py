@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.data_parallel import tiny_model
 from envs import World, WorldConfig
 from harness.metrics_log import plot_run, read_metrics
 from harness.tiny_policy import EnvSettings
@@ -181,23 +182,6 @@ class _Leaf:
         self.logprobs = np.zeros(len(ids))
 
 
-def _tiny_model():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
-    return Qwen3ForCausalLM(config).float()
-
-
 def _leaves():
     # token 7 follows an action prefix with a positive advantage; observation tokens (9) are
     # masked; a second leaf pushes token 8 down
@@ -222,7 +206,7 @@ def _grads(micro_batch_size: int) -> dict[str, torch.Tensor]:
             return 0.0
 
     losses = openrlhf_losses()
-    model = _tiny_model()
+    model = tiny_model()
     config = small_config(
         Path("x"), Path("p"), optim=OptimConfig(micro_batch_size=micro_batch_size)
     )
@@ -245,7 +229,7 @@ def test_an_update_raises_the_log_prob_of_positively_advantaged_actions_only():
     from harness.optimizers import TorchOptimizer
 
     losses = openrlhf_losses()
-    model = _tiny_model()
+    model = tiny_model()
     ids = torch.tensor([[1, 2, 7, 9], [1, 2, 8, 9]])
 
     def logp() -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 
+from benchmarks.data_parallel import tiny_model
 from harness.optimizers import DeepSpeedOptimizer, TorchOptimizer
 
 pytestmark = pytest.mark.slow
@@ -38,23 +39,6 @@ def rendezvous_variables():
             os.environ[key] = value
 
 
-def _model():
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen3Config(
-        vocab_size=50,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        max_position_embeddings=64,
-    )
-    return Qwen3ForCausalLM(config).float()
-
-
 def _step(optimizer, ids: torch.Tensor) -> float:
     """One update from two micro-batches whose losses add up to the full batch's mean."""
     halves = (ids[:2], ids[2:])
@@ -66,7 +50,7 @@ def _step(optimizer, ids: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_zero_step_equals_adamw_and_its_state_round_trips(stage, tmp_path):
-    reference = _model()
+    reference = tiny_model()
     wrapped_model = copy.deepcopy(reference)
     ids = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(1))  # (B, T)
     plain = TorchOptimizer(reference, lr=1e-2, grad_clip=1.0)
@@ -93,7 +77,7 @@ def test_zero_step_equals_adamw_and_its_state_round_trips(stage, tmp_path):
 
 
 def test_step_without_a_last_backward_is_an_error():
-    zero = DeepSpeedOptimizer(_model(), zero_stage=1, lr=1e-2)
+    zero = DeepSpeedOptimizer(tiny_model(), zero_stage=1, lr=1e-2)
     ids = torch.randint(0, 50, (2, 8))
     zero.backward(zero.model(input_ids=ids, labels=ids).loss, last=False)
     with pytest.raises(RuntimeError, match="last=True"):
@@ -102,4 +86,4 @@ def test_step_without_a_last_backward_is_an_error():
 
 def test_a_bad_stage_is_rejected_before_anything_starts():
     with pytest.raises(ValueError, match="stages 0 to 3"):
-        DeepSpeedOptimizer(_model(), zero_stage=4, lr=1e-2)
+        DeepSpeedOptimizer(tiny_model(), zero_stage=4, lr=1e-2)
