@@ -516,6 +516,8 @@ def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
         "mixed_prefix_anchors": mean("rollout/mixed_prefix_anchors"),
         "brier": mean("predictor/brier"),
         "auc": mean("predictor/auc"),
+        "auc_root": mean("predictor/auc_root"),
+        "signal_leaves": mean("policy/n_train_leaves"),
         "rollout_accuracy": mean("rollout/accuracy"),
         "leaves_by_step": series("budget/total_leaves"),
         "tokens_by_step": series("budget/total_tokens"),
@@ -534,7 +536,8 @@ def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     cells = {}
     for cell, members in sorted(grouped.items()):
         keys = ("em", "f1", "fresh_em", "fresh_f1", "effective_ratio", "mixed_anchors",
-                "mixed_prefix_anchors", "brier", "auc", "total_leaves", "total_tokens",
+                "mixed_prefix_anchors", "brier", "auc", "auc_root", "signal_leaves",
+                "rollout_accuracy", "total_leaves", "total_tokens",
                 "total_tool_calls", "wall_s")  # fmt: skip
         cells[cell] = {k: _mean_std([m[k] for m in members]) for k in keys}
         cells[cell]["seeds"] = sorted(m["seed"] for m in members)
@@ -735,9 +738,10 @@ def _markdown(result: dict[str, Any], command: str) -> str:
     header = (
         "| method | held-out EM | held-out F1 | fresh-world EM | effective ratio | "
         "mixed anchors/step | "
-        "Brier | AUC | leaves | tokens | tool calls | wall s |"
+        "signal leaves/step | rollout acc. | Brier | root AUC | leaves | tokens | tool calls | "
+        "wall s |"
     )
-    rule = "|---" * 12 + "|"
+    rule = "|---" * 14 + "|"
     groups = (("main", "leaves"), ("main", "tokens"), ("stages", "leaves"),
               ("budget", "leaves"), ("predictor", "leaves"))  # fmt: skip
     titles = {
@@ -759,8 +763,10 @@ def _markdown(result: dict[str, Any], command: str) -> str:
             lines.append(
                 f"| {label} | {_fmt(cell['em'])} | {_fmt(cell['f1'])} | "
                 f"{_fmt(cell['fresh_em'])} | {_fmt(cell['effective_ratio'], 1, 3)} | "
-                f"{_fmt(cell['mixed_anchors'], 1, 1)} | {_fmt(cell['brier'], 1, 3)} | "
-                f"{_fmt(cell['auc'], 1, 3)} | {cell['total_leaves']['mean']:.0f} | "
+                f"{_fmt(cell['mixed_anchors'], 1, 1)} | "
+                f"{_fmt(cell['signal_leaves'], 1, 1)} | {_fmt(cell['rollout_accuracy'], 1, 3)} | "
+                f"{_fmt(cell['brier'], 1, 3)} | {_fmt(cell['auc_root'], 1, 3)} | "
+                f"{cell['total_leaves']['mean']:.0f} | "
                 f"{cell['total_tokens']['mean']:.0f} | {cell['total_tool_calls']['mean']:.0f} | "
                 f"{cell['wall_s']['mean']:.0f} |"
             )
