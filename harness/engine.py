@@ -10,7 +10,10 @@ One step goes like this:
    forks the parked episode of that node `n` times (the env is forked in O(1) and the token
    stream is copied, so a continuation starts from exactly the anchor's prefix tokens), and
    plays *all* live episodes of the wave together, one batched `generate` per turn across
-   prompts (`harness.episodes.advance`).
+   prompts (`harness.episodes.advance`). With a backend that runs requests concurrently
+   (`ConcurrentPolicyBackend`, e.g. OpenRLHF's Ray engines) the episodes are not in lockstep:
+   whichever actions come back are stepped together and sent their next turn at once, while
+   slower ones are still being generated.
 3. After every turn that does not end an episode, the episode (env + token stream) is parked
    again under a fresh snapshot id, which the turn's `trace_alloc.Turn.snapshot_id` records:
    that is where Stage 2 may fork later.
@@ -37,8 +40,16 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from harness.backends.base import PolicyBackend, SamplingParams
-from harness.episodes import EpisodeCodec, LiveEpisode, PlayedTurn, advance, start_episodes
+from harness.backends.base import ConcurrentPolicyBackend, PolicyBackend, SamplingParams
+from harness.episodes import (
+    EpisodeCodec,
+    LiveEpisode,
+    PlayedTurn,
+    advance,
+    apply_turn,
+    ready_for_turn,
+    start_episodes,
+)
 from harness.errors import HarnessError
 from trace_alloc import (
     Allocator,
@@ -102,6 +113,10 @@ class TreeRolloutEngine:
             batched call (`harness.episodes.prefetch_searches`); False: one call per episode.
         snapshot_prefix: Starts every snapshot id; data-parallel ranks each take their own
             (`harness.distributed.ShardedExecutor` routes a fork to the rank that parked it).
+        lockstep: Play every episode of a wave turn by turn together (one batched `generate`
+            per turn). None: only when the backend cannot run requests concurrently (it is not
+            a `ConcurrentPolicyBackend`). Either way a wave runs exactly its requests, so the
+            budget and the forks are the same; what changes is who waits for whom.
 
     Example:
         >>> engine = TreeRolloutEngine(backend, env, codec, sampling=sampling)  # doctest: +SKIP
@@ -120,6 +135,7 @@ class TreeRolloutEngine:
         seed: int = 0,
         batch_tool_calls: bool = True,
         snapshot_prefix: str = "s",
+        lockstep: bool | None = None,
     ) -> None:
         if max_total_tokens is not None and max_total_tokens <= sampling.max_new_tokens:
             raise ValueError(
@@ -133,6 +149,13 @@ class TreeRolloutEngine:
         self.max_total_tokens = max_total_tokens
         self.batch_tool_calls = batch_tool_calls
         self.snapshot_prefix = snapshot_prefix
+        concurrent = isinstance(backend, ConcurrentPolicyBackend)
+        if lockstep is False and not concurrent:
+            raise ValueError(
+                f"lockstep=False needs a backend that runs requests concurrently (submit/wait); "
+                f"{type(backend).__name__} generates one batch at a time"
+            )
+        self.lockstep = not concurrent if lockstep is None else lockstep
         self.rng = np.random.default_rng(seed)
         self._store: dict[str, LiveEpisode] = {}
         self._n_parked = 0
@@ -236,24 +259,10 @@ class TreeRolloutEngine:
                     f"action within max_total_tokens={self.max_total_tokens}"
                 )
             runs += [(episode, len(anchor.turns)) for episode in anchor.fork(request.n)]
-        episodes = [episode for episode, _ in runs]
         # per episode, the snapshot id parked after each new turn (None once it has ended)
         snapshot_ids: list[list[str | None]] = [[] for _ in runs]
-        n_tokens = n_calls = 0
-        while not all(e.done for e in episodes):
-            sampling = dataclasses.replace(self.sampling, seed=int(self.rng.integers(2**31)))
-            n_tokens += advance(
-                self.backend,
-                episodes,
-                self.codec,
-                sampling,
-                max_total_tokens=self.max_total_tokens,
-                batch_tool_calls=self.batch_tool_calls,
-            )
-            n_calls += 1
-            for (episode, base), ids in zip(runs, snapshot_ids, strict=True):
-                if len(ids) < len(episode.turns) - base:  # it played a turn in this call
-                    ids.append(None if episode.done else self._park(episode))
+        play = self._play_in_lockstep if self.lockstep else self._play_concurrently
+        n_tokens, n_calls = play(runs, snapshot_ids)
         results: list[list[Rollout]] = []
         position = 0
         for request in requests:
@@ -270,6 +279,75 @@ class TreeRolloutEngine:
             generate_s=self._stats.generate_s + time.perf_counter() - start,
         )
         return results
+
+    def _park_new_turns(
+        self, runs: Sequence[tuple[LiveEpisode, int]], snapshot_ids: list[list[str | None]]
+    ) -> None:
+        """Park every episode that played a turn since its last parking (None once it ended)."""
+        for (episode, base), ids in zip(runs, snapshot_ids, strict=True):
+            if len(ids) < len(episode.turns) - base:
+                ids.append(None if episode.done else self._park(episode))
+
+    def _turn_sampling(self) -> SamplingParams:
+        """The sampling of one generate call or submission, its seed drawn from the engine's."""
+        return dataclasses.replace(self.sampling, seed=int(self.rng.integers(2**31)))
+
+    def _play_in_lockstep(
+        self, runs: Sequence[tuple[LiveEpisode, int]], snapshot_ids: list[list[str | None]]
+    ) -> tuple[int, int]:
+        """Turn by turn, every live episode together; returns (tokens, generate calls)."""
+        episodes = [episode for episode, _ in runs]
+        n_tokens = n_calls = 0
+        while not all(e.done for e in episodes):
+            n_tokens += advance(
+                self.backend,
+                episodes,
+                self.codec,
+                self._turn_sampling(),
+                max_total_tokens=self.max_total_tokens,
+                batch_tool_calls=self.batch_tool_calls,
+            )
+            n_calls += 1
+            self._park_new_turns(runs, snapshot_ids)
+        return n_tokens, n_calls
+
+    def _play_concurrently(
+        self, runs: Sequence[tuple[LiveEpisode, int]], snapshot_ids: list[list[str | None]]
+    ) -> tuple[int, int]:
+        """Every episode at its own pace; returns (tokens, submissions).
+
+        Whatever has finished when the engine looks is stepped together (its searches in one
+        batched retrieval call) and sent its next turn in one submission, so a slow action
+        holds up only its own episode.
+        """
+        backend: Any = self.backend  # a ConcurrentPolicyBackend (checked in __init__)
+        pending: dict[Any, LiveEpisode] = {}  # request handle -> the episode it continues
+        n_tokens = n_calls = 0
+
+        def submit(episodes: Sequence[LiveEpisode]) -> None:
+            nonlocal n_calls
+            sampling = self._turn_sampling()
+            live = ready_for_turn(episodes, sampling, self.max_total_tokens)
+            if live:
+                handles = backend.submit([e.token_ids for e in live], sampling)
+                pending.update(zip(handles, live, strict=True))
+                n_calls += 1
+
+        submit([episode for episode, _ in runs])
+        while pending:
+            finished = backend.wait(list(pending))
+            live = [pending.pop(handle) for handle, _ in finished]
+            n_tokens += apply_turn(
+                live,
+                [completion for _, completion in finished],
+                self.codec,
+                self.sampling,
+                max_total_tokens=self.max_total_tokens,
+                batch_tool_calls=self.batch_tool_calls,
+            )
+            self._park_new_turns(runs, snapshot_ids)
+            submit(live)
+        return n_tokens, n_calls
 
     # --- one step ---
 

@@ -42,9 +42,11 @@ __all__ = [
     "PlayedTurn",
     "PolicyEval",
     "advance",
+    "apply_turn",
     "evaluate_policy",
     "prefetch_searches",
     "question_kind",
+    "ready_for_turn",
     "run_episodes",
     "start_episodes",
 ]
@@ -285,15 +287,46 @@ def advance(
     Returns:
         Tokens generated in this turn.
     """
+    live = ready_for_turn(episodes, sampling, max_total_tokens)
+    if not live:
+        return 0
+    completions = backend.generate([e.token_ids for e in live], sampling)
+    return apply_turn(
+        live,
+        completions,
+        codec,
+        sampling,
+        max_total_tokens=max_total_tokens,
+        batch_tool_calls=batch_tool_calls,
+    )
+
+
+def ready_for_turn(
+    episodes: Sequence[LiveEpisode], sampling: SamplingParams, max_total_tokens: int | None
+) -> list[LiveEpisode]:
+    """The episodes that play another turn; one without room for an action ends here."""
     live = [e for e in episodes if not e.done]
     if max_total_tokens is not None:
         for e in live:
             if len(e.token_ids) + sampling.max_new_tokens > max_total_tokens:
                 e.done = True
         live = [e for e in live if not e.done]
-    if not live:
-        return 0
-    completions = backend.generate([e.token_ids for e in live], sampling)
+    return live
+
+
+def apply_turn(
+    live: Sequence[LiveEpisode],
+    completions: Sequence[Completion],
+    codec: EpisodeCodec,
+    sampling: SamplingParams,
+    *,
+    max_total_tokens: int | None = None,
+    batch_tool_calls: bool = True,
+) -> int:
+    """Append each episode's generated action and step its env: the second half of `advance`.
+
+    Args, errors and the return value as `advance`'s; `completions[i]` continues `live[i]`.
+    """
     if batch_tool_calls:
         prefetch_searches([e.env for e in live], [c.text for c in completions])
     n_generated = 0

@@ -7,13 +7,19 @@ observations as token deltas, so nothing is re-tokenised and forks share exact p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from harness.errors import HarnessError
 
-__all__ = ["BackendUnavailable", "Completion", "PolicyBackend", "SamplingParams"]
+__all__ = [
+    "BackendUnavailable",
+    "Completion",
+    "ConcurrentPolicyBackend",
+    "PolicyBackend",
+    "SamplingParams",
+]
 
 STOP_STRINGS: tuple[str, ...] = ("</search>", "</answer>")
 """An action ends at the first of these (DESIGN §2)."""
@@ -81,4 +87,30 @@ class PolicyBackend(Protocol):
         self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[Completion]:
         """Continue each prefix once."""
+        ...
+
+
+@runtime_checkable
+class ConcurrentPolicyBackend(PolicyBackend, Protocol):
+    """A backend whose requests run concurrently and can be collected as each one finishes.
+
+    The tree-rollout engine then plays every episode at its own pace: an episode whose action
+    came back is stepped and sent its next turn while slower actions are still being generated
+    (no lockstep per turn). OpenRLHF's Ray engines allow it (`RayEnginesBackend`): vLLM batches
+    whatever requests are in flight.
+    """
+
+    timeout_s: float | None
+    """How long `wait` may go without any request finishing (None: no limit)."""
+
+    def submit(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Hashable]:
+        """Start continuing each prefix once; returns one handle per prefix, in order."""
+        ...
+
+    def wait(self, handles: Sequence[Hashable]) -> list[tuple[Hashable, Completion]]:
+        """Block until at least one of `handles` has finished; return every finished one.
+
+        Raises:
+            EngineTimeoutError: nothing finished within `timeout_s` (the rest are cancelled).
+        """
         ...

@@ -17,13 +17,17 @@ carries its own seed when `seeded`), only where the work runs.
 Per-request seeds are off on the training path (`TreeTrainConfig.seeded_requests`): a request
 with its own seed makes vLLM sample it with a per-request generator, its slow sampling path;
 unseeded requests share the engine's generator (seeded once by OpenRLHF's `--train.seed`).
+
+It is a `ConcurrentPolicyBackend`: `submit` sends requests and `wait` collects whichever have
+finished, so the tree-rollout engine sends an episode its next turn as soon as its action is
+back instead of waiting for the slowest action of the turn.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 from harness.backends.base import BackendUnavailable, Completion, SamplingParams
@@ -98,6 +102,7 @@ class RayEnginesBackend:
         """Requests sent to each engine since construction (for logs and tests)."""
         self.n_routed_by_prefix = 0
         """Requests that followed a cached prefix rather than the load balance."""
+        self._in_flight: dict[Any, tuple[list[int], int, SamplingParams]] = {}  # from submit
 
     def reset_routing(self) -> None:
         """Forget which engine holds which prefix (call when the engines reset their caches).
@@ -124,11 +129,68 @@ class RayEnginesBackend:
             HarnessError: an engine aborted a request.
             EngineTimeoutError: the engines did not answer within `timeout_s`.
         """
+        ids, targets, refs = self._send(prefixes, sampling)
+        if not refs:
+            return []
+        try:
+            outputs = self._ray.get(refs, timeout=self.timeout_s)
+        except self._ray.exceptions.GetTimeoutError as err:
+            waiting = sorted(
+                {targets[i] for i, ref in enumerate(refs) if not _done(self._ray, ref)}
+            )
+            raise self._timed_out(refs, waiting) from err
+        completions = []
+        for prompt, engine, output in zip(ids, targets, outputs, strict=True):
+            completion = self._completion(output.outputs[0], sampling)
+            # The generated tokens are in that engine's cache too: the next turn's prefix starts
+            # with them, so it should find the same engine.
+            self._remember([*prompt, *completion.token_ids], engine)
+            completions.append(completion)
+        return completions
+
+    def submit(self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Hashable]:
+        """Send each prefix to an engine as `generate` does; returns one handle per prefix.
+
+        Raises:
+            ValueError: for an empty prefix.
+        """
+        ids, targets, refs = self._send(prefixes, sampling)
+        for prompt, engine, ref in zip(ids, targets, refs, strict=True):
+            self._in_flight[ref] = (prompt, engine, sampling)
+        return refs
+
+    def wait(self, handles: Sequence[Hashable]) -> list[tuple[Hashable, Completion]]:
+        """Block until one of `handles` has finished; return every finished one.
+
+        Raises:
+            HarnessError: an engine aborted a request.
+            EngineTimeoutError: none finished within `timeout_s` (all are then cancelled).
+        """
+        refs = list(handles)
+        ready, _ = self._ray.wait(refs, num_returns=1, timeout=self.timeout_s)
+        if not ready:
+            waiting = sorted({self._in_flight[ref][1] for ref in refs})
+            for ref in refs:
+                self._in_flight.pop(ref, None)
+            raise self._timed_out(refs, waiting)
+        ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)  # all finished by now
+        finished = []
+        for ref, output in zip(ready, self._ray.get(ready), strict=True):
+            prompt, engine, sampling = self._in_flight.pop(ref)
+            completion = self._completion(output.outputs[0], sampling)
+            self._remember([*prompt, *completion.token_ids], engine)
+            finished.append((ref, completion))
+        return finished
+
+    def _send(
+        self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> tuple[list[list[int]], list[int], list[Any]]:
+        """Route and send one request per prefix: (token ids, engine indices, Ray refs)."""
         for i, prefix in enumerate(prefixes):
             if len(prefix) == 0:
                 raise ValueError(f"prefix {i} is empty: a prefix needs at least one token")
         if not prefixes:
-            return []
+            return [], [], []
         base = self._rng.getrandbits(62) if sampling.seed is None else sampling.seed
         ids = [[int(t) for t in prefix] for prefix in prefixes]
         targets = self._route(ids)
@@ -138,27 +200,17 @@ class RayEnginesBackend:
             )
             for i, (prompt, engine) in enumerate(zip(ids, targets, strict=True))
         ]
-        try:
-            outputs = self._ray.get(refs, timeout=self.timeout_s)
-        except self._ray.exceptions.GetTimeoutError as err:
-            waiting = sorted(
-                {targets[i] for i, ref in enumerate(refs) if not _done(self._ray, ref)}
-            )
-            for ref in refs:
-                self._ray.cancel(ref)  # async actor tasks: cancels the pending coroutines
-            raise EngineTimeoutError(
-                f"{len(refs)} generate requests did not finish within {self.timeout_s} s "
-                f"(engines still busy: {waiting}); is a vLLM engine hung? Raise --engine-timeout-s "
-                "for very long actions"
-            ) from err
-        completions = []
-        for prompt, engine, output in zip(ids, targets, outputs, strict=True):
-            completion = self._completion(output.outputs[0], sampling)
-            # The generated tokens are in that engine's cache too: the next turn's prefix starts
-            # with them, so it should find the same engine.
-            self._remember([*prompt, *completion.token_ids], engine)
-            completions.append(completion)
-        return completions
+        return ids, targets, refs
+
+    def _timed_out(self, refs: list[Any], waiting: list[int]) -> EngineTimeoutError:
+        """Cancel `refs` and say which engines were still busy."""
+        for ref in refs:
+            self._ray.cancel(ref)  # async actor tasks: cancels the pending coroutines
+        return EngineTimeoutError(
+            f"{len(refs)} generate requests did not finish within {self.timeout_s} s "
+            f"(engines still busy: {waiting}); is a vLLM engine hung? Raise --engine-timeout-s "
+            "for very long actions"
+        )
 
     def _request(self, sampling: SamplingParams, base: int, index: int) -> Any:
         return self._vllm.SamplingParams(

@@ -7,6 +7,7 @@ tokenizer), so every expected token is known; the last ones run the tiny random 
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -464,6 +465,130 @@ def test_a_retrieval_failure_ends_that_episode_as_failed_and_the_step_goes_on():
     assert "failed" not in ends["acme"]
     assert all(by_prompt["bolt"].nodes[leaf].reward == 0.0 for leaf in by_prompt["bolt"].leaves())
     assert rollout_metrics(result)["rollout/failed_episodes"] == by_prompt["bolt"].n_leaves > 0
+
+
+# --- without lockstep: a backend that runs requests concurrently -------------------------------
+
+
+class ConcurrentScripted(ScriptedPolicy):
+    """`ScriptedPolicy` behind `submit`/`wait`, on a virtual clock (a `ConcurrentPolicyBackend`).
+
+    A request takes `latency(company, turn)` ticks (1 unless listed); `wait` moves the clock
+    to the first finish among the handles and returns every request finished by then.
+    `generate` (the lockstep path) takes as long as the slowest prefix of its batch. `finished`
+    logs (tick, company, turn) per completed action.
+    """
+
+    timeout_s = None
+
+    def __init__(self, tokenizer: CharTokenizer, p_wrong: float, latency) -> None:
+        super().__init__(tokenizer, p_wrong)
+        self.latency = latency
+        self.now = 0
+        self.finished: list[tuple[int, str, int]] = []
+        self._due: dict[int, tuple[int, Completion, tuple[str, int]]] = {}
+        self._handles = itertools.count()
+
+    def _key(self, prefix: Sequence[int]) -> tuple[str, int]:
+        text = self.tokenizer.decode(prefix)
+        return re.search(r"founder of (\w+)", text).group(1), text.count("<information>")
+
+    def generate(self, prefixes, sampling):
+        self.now += max(self.latency(*self._key(p)) for p in prefixes)
+        self.finished += [(self.now, *self._key(p)) for p in prefixes]
+        return super().generate(prefixes, sampling)
+
+    def submit(self, prefixes, sampling):
+        completions = super().generate(prefixes, sampling)
+        handles = []
+        for prefix, completion in zip(prefixes, completions, strict=True):
+            handles.append(next(self._handles))
+            due = self.now + self.latency(*self._key(prefix))
+            self._due[handles[-1]] = (due, completion, self._key(prefix))
+        return handles
+
+    def wait(self, handles):
+        self.now = max(self.now, min(self._due[h][0] for h in handles))
+        done = [h for h in handles if self._due[h][0] <= self.now]
+        out = []
+        for h in done:
+            _, completion, key = self._due.pop(h)
+            self.finished.append((self.now, *key))
+            out.append((h, completion))
+        return out
+
+
+def make_concurrent_engine(latency, *, p_wrong: float = 0.0, seed: int = 0, lockstep=None):
+    tokenizer = CharTokenizer()
+    policy = ConcurrentScripted(tokenizer, p_wrong, latency)
+    env = SearchQAEnv(TASKS, WordRetriever(DOCS), max_turns=4, top_k=1, prompt_template=TEMPLATE)
+    engine = TreeRolloutEngine(
+        policy,
+        env,
+        EpisodeCodec(tokenizer),
+        sampling=SamplingParams(max_new_tokens=40),
+        seed=seed,
+        lockstep=lockstep,
+    )
+    return engine, policy
+
+
+def test_without_lockstep_a_slow_action_holds_up_only_its_own_episode():
+    # Acme's first action and Bolt's last take 10 ticks, every other action 1
+    slow = {("Acme", 0): 10, ("Bolt", 2): 10}
+    ticks = {}
+    for lockstep in (True, None):
+        engine, policy = make_concurrent_engine(lambda c, t: slow.get((c, t), 1), lockstep=lockstep)
+        prompts = engine.start(["acme", "bolt"])
+        trees = [RolloutTree.from_prompt(p) for p in prompts]
+        requests = [RolloutRequest(tree_index=i, node_id=0, n=1) for i in range(2)]
+        runs = engine(trees, requests)
+        assert [r[0].reward for r in runs] == [1.0, 1.0]  # both answered right, 3 turns each
+        assert [len(r[0].turns) for r in runs] == [3, 3]
+        ticks[lockstep] = policy.now
+        order = [(company, turn) for _, company, turn in policy.finished]
+    assert engine.lockstep is False  # the default with a concurrent backend
+    # concurrent: Bolt played two turns while Acme's first action was being generated
+    assert order.index(("Bolt", 1)) < order.index(("Acme", 0))
+    # lockstep waits for the slowest action of every turn: 10 + 1 + 10; concurrent: 10 + 1 + 1
+    assert ticks == {True: 21, None: 12}
+
+
+def test_without_lockstep_trace_keeps_the_exact_budget_and_the_fork_law():
+    # latencies that differ by prefix, so episodes finish in an order unlike their turn order
+    engine, policy = make_concurrent_engine(
+        lambda company, turn: 1 + (len(company) * 7 + turn * 3) % 5, p_wrong=0.4, seed=3
+    )
+    result = _trace_step(engine)
+    assert engine.lockstep is False
+    assert result.spent.n_leaves == 18 and result.carry == 0
+    assert sum(t.n_leaves for t in result.trees) == 18
+    assert forest_stats(result.trees).n_prefix_anchors > 0
+    assert result.spent.n_tokens == engine.stats.n_generated_tokens
+    seen = {prefix for call in policy.calls for prefix in call}
+    for tree in result.trees:
+        for leaf in tree.leaves():
+            path = tree.path(leaf)
+            for depth, node in enumerate(path[1:]):
+                # every action was generated from exactly its path's tokens, and the env went
+                # on from its parent's state (the turn index counts the path)
+                assert tuple(path_tokens(tree, path[depth])) in seen
+                assert tree.nodes[node].turn.info["turn_idx"] == depth + 1
+    assert engine.n_parked == 0
+
+
+def test_lockstep_off_needs_a_concurrent_backend():
+    tokenizer = CharTokenizer()
+    env = SearchQAEnv(TASKS, WordRetriever(DOCS), max_turns=4, top_k=1, prompt_template=TEMPLATE)
+    with pytest.raises(ValueError, match="lockstep=False needs a backend"):
+        TreeRolloutEngine(
+            ScriptedPolicy(tokenizer),
+            env,
+            EpisodeCodec(tokenizer),
+            sampling=SamplingParams(max_new_tokens=40),
+            lockstep=False,
+        )
+    assert make_engine()[0].lockstep is True
 
 
 # --- the tiny random transformer ----------------------------------------------------------------

@@ -122,3 +122,26 @@ def test_a_hung_engine_times_out_with_a_clear_error_instead_of_blocking(ray_loca
         backend.generate([block(0), block(100)], SAMPLING)
     assert time.perf_counter() - start < 3.0
     ray_local.get(engines[1].set_policy.remote(EchoPolicy()))  # queued behind the sleep
+
+
+def test_submitted_requests_come_back_as_each_finishes_and_a_hung_one_times_out(ray_local, engines):
+    # what lets the tree-rollout engine drop lockstep: the fast engine's answer is collected
+    # (and its episode can go on) while the slow engine is still generating
+    from harness.backends.base import ConcurrentPolicyBackend
+
+    ray_local.get(engines[1].set_policy.remote(SlowPolicy(1.5)))
+    backend = RayEnginesBackend(engines, timeout_s=30.0)
+    assert isinstance(backend, ConcurrentPolicyBackend)
+    fast, slow = backend.submit([block(0), block(100)], SAMPLING)
+    first = backend.wait([fast, slow])
+    assert [handle for handle, _ in first] == [fast]
+    second = backend.wait([slow])
+    assert [handle for handle, _ in second] == [slow]
+    together = backend.generate([block(0), block(100)], SAMPLING)
+    assert [c for _, c in first + second] == together  # the same requests, the same seeds
+    ray_local.get(engines[1].set_policy.remote(SlowPolicy(4.0)))
+    hung_backend = RayEnginesBackend(engines, timeout_s=0.5)
+    _, stuck = hung_backend.submit([block(0), block(100)], SAMPLING)  # the second on engine 1
+    with pytest.raises(EngineTimeoutError, match=r"engines still busy: \[1\]"):
+        hung_backend.wait([stuck])
+    ray_local.get(engines[1].set_policy.remote(EchoPolicy()))  # queued behind the sleep
