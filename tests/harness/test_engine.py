@@ -164,9 +164,15 @@ def make_engine(
     seed: int = 0,
     retriever=None,
     batch_tool_calls: bool = True,
+    latency=None,
+    lockstep: bool | None = None,
 ):
+    """The scripted policy's engine; with `latency`, behind `ConcurrentScripted`."""
     tokenizer = CharTokenizer()
-    policy = ScriptedPolicy(tokenizer, p_wrong)
+    if latency is None:
+        policy = ScriptedPolicy(tokenizer, p_wrong)
+    else:
+        policy = ConcurrentScripted(tokenizer, p_wrong, latency)
     retriever = WordRetriever(DOCS) if retriever is None else retriever
     env = SearchQAEnv(TASKS, retriever, max_turns=4, top_k=1, prompt_template=TEMPLATE)
     engine = TreeRolloutEngine(
@@ -177,6 +183,7 @@ def make_engine(
         max_total_tokens=max_total_tokens,
         seed=seed,
         batch_tool_calls=batch_tool_calls,
+        lockstep=lockstep,
     )
     return engine, policy, tokenizer
 
@@ -518,27 +525,14 @@ class ConcurrentScripted(ScriptedPolicy):
         return out
 
 
-def make_concurrent_engine(latency, *, p_wrong: float = 0.0, seed: int = 0, lockstep=None):
-    tokenizer = CharTokenizer()
-    policy = ConcurrentScripted(tokenizer, p_wrong, latency)
-    env = SearchQAEnv(TASKS, WordRetriever(DOCS), max_turns=4, top_k=1, prompt_template=TEMPLATE)
-    engine = TreeRolloutEngine(
-        policy,
-        env,
-        EpisodeCodec(tokenizer),
-        sampling=SamplingParams(max_new_tokens=40),
-        seed=seed,
-        lockstep=lockstep,
-    )
-    return engine, policy
-
-
 def test_without_lockstep_a_slow_action_holds_up_only_its_own_episode():
     # Acme's first action and Bolt's last take 10 ticks, every other action 1
     slow = {("Acme", 0): 10, ("Bolt", 2): 10}
     ticks = {}
     for lockstep in (True, None):
-        engine, policy = make_concurrent_engine(lambda c, t: slow.get((c, t), 1), lockstep=lockstep)
+        engine, policy, _ = make_engine(
+            0.0, latency=lambda c, t: slow.get((c, t), 1), lockstep=lockstep
+        )
         prompts = engine.start(["acme", "bolt"])
         trees = [RolloutTree.from_prompt(p) for p in prompts]
         requests = [RolloutRequest(tree_index=i, node_id=0, n=1) for i in range(2)]
@@ -556,8 +550,8 @@ def test_without_lockstep_a_slow_action_holds_up_only_its_own_episode():
 
 def test_without_lockstep_trace_keeps_the_exact_budget_and_the_fork_law():
     # latencies that differ by prefix, so episodes finish in an order unlike their turn order
-    engine, policy = make_concurrent_engine(
-        lambda company, turn: 1 + (len(company) * 7 + turn * 3) % 5, p_wrong=0.4, seed=3
+    engine, policy, _ = make_engine(
+        0.4, seed=3, latency=lambda company, turn: 1 + (len(company) * 7 + turn * 3) % 5
     )
     result = _trace_step(engine)
     assert engine.lockstep is False
@@ -578,17 +572,10 @@ def test_without_lockstep_trace_keeps_the_exact_budget_and_the_fork_law():
 
 
 def test_lockstep_off_needs_a_concurrent_backend():
-    tokenizer = CharTokenizer()
-    env = SearchQAEnv(TASKS, WordRetriever(DOCS), max_turns=4, top_k=1, prompt_template=TEMPLATE)
     with pytest.raises(ValueError, match="lockstep=False needs a backend"):
-        TreeRolloutEngine(
-            ScriptedPolicy(tokenizer),
-            env,
-            EpisodeCodec(tokenizer),
-            sampling=SamplingParams(max_new_tokens=40),
-            lockstep=False,
-        )
+        make_engine(lockstep=False)
     assert make_engine()[0].lockstep is True
+    assert make_engine(latency=lambda c, t: 1, lockstep=True)[0].lockstep is True
 
 
 # --- the tiny random transformer ----------------------------------------------------------------
