@@ -36,6 +36,8 @@ DOCS = [
     Document(doc_id="d2", title="Ann Vole", text="Ann Vole was born in Lyon."),
     Document(doc_id="d3", title="Bolt", text="Bolt was founded by Bo Li."),
     Document(doc_id="d4", title="Bo Li", text="Bo Li was born in Oslo."),
+    Document(doc_id="d5", title="Zed", text="Zed was founded by Cy Ray."),
+    Document(doc_id="d6", title="Cy Ray", text="Cy Ray was born in Rome."),
 ]
 TASKS = [
     QATask(
@@ -186,7 +188,9 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
     config = TreeTrainConfig(
         seeded_requests=True,  # the fake engines sample from the request seed
         retriever=str(index),
-        alloc=Trace(max_per_prompt=8),
+        # 8 leaves = 4 roots + 4 continuations: at the default of 4 roots per opened prompt,
+        # Stage 1 could open only one of a step's two prompts
+        alloc=Trace(max_per_prompt=8, min_per_prompt=2),
         env=SearchQAConfig(prompt_template=TEMPLATE, max_turns=4, top_k=2, max_doc_chars=200),
         run_dir=tmp_path / "run",
         seed=5,
