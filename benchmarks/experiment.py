@@ -625,17 +625,17 @@ def _tokens_to_grpo_final(
 ) -> float | None:
     """Tokens `method` needs to reach GRPO's final held-out EM, over the tokens GRPO spent.
 
-    On the seed-mean curves (EM and tokens averaged at each evaluation), first crossing by
-    linear interpolation; None when `method` never reaches it (or either is missing).
+    On the seed-mean curves (EM and tokens averaged at each evaluation) over the seeds both
+    ran, first crossing by linear interpolation; None when `method` never reaches it (or
+    either is missing).
     """
-    series = _curve_series(runs, method)
+    pairs = [
+        p for p in _main_by_seed(runs, _curve_series(runs, method)).values()
+        if method in p and BASELINE in p
+    ]  # fmt: skip
     curves: dict[str, tuple[list[float], list[float]]] = {}
     for label in (method, BASELINE):
-        members = [
-            _em_curve(s, start_em)
-            for s in runs.values()
-            if s["group"] == "main" and s["series"] == series and s["label"] == label
-        ]
+        members = [_em_curve(p[label], start_em) for p in pairs]
         if not members or len({len(m[0]) for m in members}) != 1:
             return None
         curves[label] = (

@@ -69,3 +69,14 @@ def test_tokens_to_grpo_final_is_the_crossing_over_grpos_tokens():
     )
     assert _tokens_to_grpo_final(slow, 0.2, "trace") is None  # never reaches it
     assert _tokens_to_grpo_final(slow, 0.2, "dynamic_sampling") is None
+
+
+def test_tokens_to_grpo_final_uses_only_the_seeds_both_ran():
+    """DAPO on seed 0 only must be read against GRPO's seed 0, not GRPO's mean over 0-1."""
+    runs = runs_of(
+        record("dynamic_sampling", 0, [0.30, 0.40], [100, 200]),
+        record("uniform", 0, [0.30, 0.40], [100, 200]),
+        record("uniform", 1, [0.10, 0.20], [100, 200]),  # a weak seed DAPO did not run
+    )
+    # identical curves on the shared seed: GRPO's final EM is reached at GRPO's own cost
+    assert _tokens_to_grpo_final(runs, 0.2, "dynamic_sampling") == pytest.approx(1.0)
