@@ -168,6 +168,7 @@ class ExperimentConfig:
             methods=tuple(m for m in ("trace", "uniform", "dynamic_sampling") if m in self.methods)
             or self.methods,
             seeds=self.seeds[:1],
+            ablation_seeds=None,  # every method on that one seed
             steps=6,
             eval_at=(6,),
             leaves_per_step=32,

@@ -66,6 +66,7 @@ def test_quick_is_a_reduced_configuration():
     quick = ExperimentConfig(quick=True).resolved()
     assert quick.methods == ("trace", "uniform", "dynamic_sampling")
     assert quick.seeds == (0,) and quick.steps == quick.eval_at[-1]
+    assert {s.seed for s in run_specs(quick)} == {0}  # one seed for every method
     assert not (quick.token_series or quick.stage_ablation or quick.budgets)
     assert quick.name == "quick"
 
