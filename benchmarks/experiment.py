@@ -265,23 +265,26 @@ class _Context:
     config: ExperimentConfig
 
 
+def _keep(config: ExperimentConfig, task: Any) -> bool:
+    """Whether `task` is in the experiment's question set (`--questions`)."""
+    from harness.tiny_policy.pipeline import is_hard
+
+    return config.questions == "all" or is_hard(task)
+
+
 def _test_sets(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any, Any, int]]:
     """The two test sets: name -> (env factory, tasks, samples per question)."""
     from envs import World
-    from harness.tiny_policy.pipeline import is_hard
     from retrieval.bm25 import BM25Retriever
 
-    def keep(task: Any) -> bool:
-        return config.questions == "all" or is_hard(task)
-
     fresh = World.generate(config.test_world_seed, artifacts.config.world)
-    fresh_tasks = [t for t in fresh.tasks if keep(t)]
+    fresh_tasks = [t for t in fresh.tasks if _keep(config, t)]
     if config.test_questions:
         fresh_tasks = fresh_tasks[: config.test_questions]
     fresh_retriever = BM25Retriever.build(fresh.documents)
     world = artifacts.world()
     held_ids = [*artifacts.split["test"], *artifacts.split["test_entities"]]
-    held_tasks = [world.tasks[i] for i in held_ids if keep(world.tasks[i])]
+    held_tasks = [world.tasks[i] for i in held_ids if _keep(config, world.tasks[i])]
     world_retriever = BM25Retriever.build(world.documents)
     env = artifacts.config.env
     return {
@@ -334,7 +337,6 @@ def _evaluate(
 def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict[str, Any]]:
     """Build (or reuse) the tiny policy, evaluate it once, and fix the token budget."""
     from harness.tiny_policy import TinyPolicyConfig, init_model
-    from harness.tiny_policy.pipeline import is_hard
 
     artifacts = init_model(
         policy_config or TinyPolicyConfig(), config.policy_run_dir, progress=config.progress
@@ -353,9 +355,7 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
     # world, rounded to whole tokens.
     tokens_per_step = round(config.leaves_per_step * start_eval["heldout"]["tokens"])
     world = artifacts.world()
-    train = [
-        i for i in artifacts.split["train"] if config.questions == "all" or is_hard(world.tasks[i])
-    ]
+    train = [i for i in artifacts.split["train"] if _keep(config, world.tasks[i])]
     context = _Context(
         policy_dir=artifacts.policy_dir,
         tokens_per_step=tokens_per_step,
