@@ -55,6 +55,7 @@ from trace_alloc import (
     Allocator,
     BudgetLimit,
     Executor,
+    LeafAdvantage,
     Predictor,
     Prompt,
     Rollout,
@@ -63,9 +64,10 @@ from trace_alloc import (
     StepResult,
     Turn,
     run_step,
+    tree_advantages,
 )
 
-__all__ = ["EngineStats", "RolloutError", "TreeRolloutEngine"]
+__all__ = ["EngineStats", "RolloutError", "TreeRolloutEngine", "failed_leaves", "leaves_to_train"]
 
 log = logging.getLogger(__name__)
 
@@ -488,3 +490,34 @@ def _turn(played: PlayedTurn, snapshot_id: str | None, n_tool_calls: int, end: s
         n_tool_calls=n_tool_calls,
         info=extra,
     )
+
+
+def failed_leaves(tree: RolloutTree) -> frozenset[int]:
+    """The leaves of `tree` whose episode a fault ended (`end == "failed"`).
+
+    Such an episode stopped because a retrieval still failed after the retriever's own retries
+    (`harness.episodes.apply_turn`); its reward 0 says nothing about the policy.
+    """
+    return frozenset(
+        leaf for leaf in tree.leaves() if tree.nodes[leaf].turn.info.get("end") == "failed"
+    )
+
+
+def leaves_to_train(trees: Sequence[RolloutTree], mode: str) -> tuple[list[LeafAdvantage], int]:
+    """The leaves both trainers train on, and how many failed ones were left out.
+
+    Failed leaves (`failed_leaves`) are excluded from the advantages as if never sampled: trained
+    as reward 0 they would push the policy away from whatever preceded the fault, usually a
+    search, whenever the retriever is flaky. Of the rest, only leaves with a non-zero advantage
+    are kept (they alone carry a gradient; docs/decisions.md, "One objective").
+
+    Args:
+        trees: The trees the allocator keeps for training.
+        mode: The tree advantage (`trace_alloc.tree_advantages`).
+
+    Returns:
+        `(leaves with signal, failed leaves excluded)`.
+    """
+    failed = [failed_leaves(tree) for tree in trees]
+    leaves = tree_advantages(trees, mode, exclude=failed)
+    return [a for a in leaves if a.has_signal], sum(len(f) for f in failed)

@@ -56,7 +56,7 @@ from harness.distributed import (
     init_from_env,
     sum_across_ranks,
 )
-from harness.engine import TreeRolloutEngine
+from harness.engine import TreeRolloutEngine, leaves_to_train
 from harness.episodes import EpisodeCodec, evaluate_policy
 from harness.errors import HarnessError
 from harness.metrics_log import MetricsLog
@@ -77,7 +77,6 @@ from trace_alloc import (
     StepResult,
     learn_from_step,
     make_allocator,
-    tree_advantages,
 )
 
 __all__ = [
@@ -820,12 +819,12 @@ def train(config: TrainConfig) -> TrainSummary:
         # 4. advantages on the trees the allocator keeps for training
         trees = [result.trees[i] for i in result.train_indices]
         # leaves without signal carry no weight: not in the gradient, not in the token mean
-        # (docs/decisions.md, "One objective"; the OpenRLHF path does the same)
-        leaves = [
-            a.to_tokens(trees[a.tree_index])
-            for a in tree_advantages(trees, config.loss.advantage)
-            if a.has_signal
-        ]
+        # (docs/decisions.md, "One objective"); leaves a fault ended are left out of the
+        # advantages altogether (the OpenRLHF path does the same)
+        signal, record["rollout/failed_leaves_excluded"] = leaves_to_train(
+            trees, config.loss.advantage
+        )
+        leaves = [a.to_tokens(trees[a.tree_index]) for a in signal]
 
         # 5. policy update
         t_update = time.perf_counter()

@@ -13,11 +13,17 @@ population std over the leaf rewards of a leaf set S, and L(y) the leaves under 
   groups, where a turn only takes credit from the contrasts decided at or after it.
 - `treerl`: A_t = [(V̂(n_t) − V̂(root)) + (V̂(n_t) − V̂(parent))] / √|L(n_t)| (TreeRL's global
   plus local advantage, scaled down for nodes shared by many leaves).
+
+Leaves can be left out (`exclude`): they get no advantage, and every statistic above is taken as
+if they had never been sampled (their rewards are in no mean or std, a node counts as a branch
+point only with two children that still have leaves). The trainers leave out the episodes a
+fault cut short, whose reward 0 says nothing about the policy.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Literal
 
@@ -103,8 +109,12 @@ class LeafAdvantage:
         )
 
 
-def _moments(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _moments(
+    tree: RolloutTree, exclude: AbstractSet[int] = frozenset()
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per node: leaf count, mean and population std of the leaf rewards below it.
+
+    Leaves in `exclude` are not counted.
 
     A node whose leaves all have the same reward (max == min, compared exactly) gets that
     reward as its mean and a std of exactly 0: summing floats would leave a residue (three
@@ -119,7 +129,7 @@ def _moments(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     high = np.full(n, -np.inf)
     for node in reversed(tree.nodes):  # children have larger ids than their parent
         i = node.node_id
-        if node.reward is not None:
+        if node.reward is not None and i not in exclude:
             count[i] += 1
             total[i] += node.reward
             square[i] += node.reward**2
@@ -138,13 +148,22 @@ def _moments(tree: RolloutTree) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return count, mean, std
 
 
+def _n_live_children(tree: RolloutTree, count: np.ndarray, node: int) -> int:
+    """Children of `node` with at least one counted leaf below them."""
+    return sum(1 for child in tree.nodes[node].children if count[child] > 0)
+
+
 def _z(reward: float, mean: np.ndarray, std: np.ndarray, node: int, eps: float) -> float:
     """The leaf reward standardised within the leaves under `node`."""
     return float((reward - mean[node]) / (std[node] + eps))
 
 
 def tree_advantages(
-    trees: Sequence[RolloutTree], mode: str = "tree_grpo", *, eps: float = 1e-6
+    trees: Sequence[RolloutTree],
+    mode: str = "tree_grpo",
+    *,
+    eps: float = 1e-6,
+    exclude: Sequence[AbstractSet[int]] | None = None,
 ) -> list[LeafAdvantage]:
     """Per-turn advantages of every leaf of every tree (trees without leaves are skipped).
 
@@ -152,12 +171,15 @@ def tree_advantages(
         trees: one step's trees (one per prompt).
         mode: `grpo`, `tree_grpo` or `treerl` (module docstring).
         eps: added to the group std before dividing.
+        exclude: per tree, the leaf ids to leave out: they get no `LeafAdvantage` and count in
+            no group statistic (module docstring). None: every leaf counts.
 
     Returns:
-        One `LeafAdvantage` per leaf, ordered by tree, then by leaf id.
+        One `LeafAdvantage` per leaf that is not excluded, ordered by tree, then by leaf id.
 
     Raises:
         UnknownNameError: an unknown mode.
+        ValueError: `exclude` does not have one set per tree.
 
     >>> from trace_alloc.tree import Prompt, Rollout, Turn
     >>> tree = RolloutTree.from_prompt(Prompt(prompt_id="q", text="Q"))
@@ -170,12 +192,17 @@ def tree_advantages(
     """
     if mode not in ADVANTAGE_MODES:
         raise UnknownNameError("advantage mode", mode, ADVANTAGE_MODES)
+    if exclude is not None and len(exclude) != len(trees):
+        raise ValueError(f"exclude has {len(exclude)} leaf sets for {len(trees)} trees")
     out: list[LeafAdvantage] = []
     for index, tree in enumerate(trees):
-        count, mean, std = _moments(tree)
+        left_out = frozenset() if exclude is None else exclude[index]
+        count, mean, std = _moments(tree, left_out)
         if count[0] == 0:
             continue
         for leaf in tree.leaves():
+            if leaf in left_out:
+                continue
             path = tree.path(leaf)
             reward = tree.nodes[leaf].reward
             assert reward is not None
@@ -185,7 +212,7 @@ def tree_advantages(
                 if mode == "grpo":
                     values.append(_z(reward, mean, std, 0, eps))
                 elif mode == "tree_grpo":
-                    branches = [b for b in path[1:depth] if len(tree.nodes[b].children) >= 2]
+                    branches = [b for b in path[1:depth] if _n_live_children(tree, count, b) >= 2]
                     inner = (
                         float(np.mean([_z(reward, mean, std, b, eps) for b in branches]))
                         if branches

@@ -669,3 +669,24 @@ def test_tiny_model_run_step_meters_what_the_backend_generated(tiny):
     assert result.spent.n_tool_calls == sum(
         n.turn.info["action_kind"] == "search" for t in result.trees for n in t.nodes[1:]
     )
+
+
+def test_failed_leaves_are_left_out_of_training_and_counted():
+    from harness.engine import failed_leaves, leaves_to_train
+    from retrieval.cache import CachedRetriever
+
+    # wrong first searches ("Nothing founder") hit a retriever fault: those episodes fail,
+    # next to leaves of the same prompts that finished (right or wrong)
+    retriever = CachedRetriever(CountingRetriever(DOCS, fail_on="nothing"))
+    engine, _, _ = make_engine(p_wrong=0.4, seed=3, retriever=retriever)
+    trees = _trace_step(engine, per_step=24).trees
+    failed = [failed_leaves(t) for t in trees]
+    assert sum(map(len, failed)) > 0
+    assert any(f and len(f) < t.n_leaves for f, t in zip(failed, trees, strict=True))
+    leaves, n_excluded = leaves_to_train(trees, "tree_grpo")
+    assert n_excluded == sum(map(len, failed))
+    assert leaves and all(a.leaf_id not in failed[a.tree_index] for a in leaves)
+    # the trained leaves' advantages are those of the trees as if the failures never happened
+    reference = tree_advantages(trees, "tree_grpo", exclude=failed)
+    by_leaf = {(a.tree_index, a.leaf_id): a.advantages.tolist() for a in reference}
+    assert all(a.advantages.tolist() == by_leaf[(a.tree_index, a.leaf_id)] for a in leaves)

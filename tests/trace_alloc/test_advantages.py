@@ -114,3 +114,36 @@ def test_trees_without_leaves_are_skipped():
     empty = RolloutTree.from_prompt(Prompt(prompt_id="e", text="E"))
     advs = tree_advantages([empty, hand_tree()], "grpo")
     assert {a.tree_index for a in advs} == {1}
+
+
+def _hand_tree_without_the_fork():
+    """`hand_tree` as if its fork after s1 (leaf 4, r=0) had never been sampled."""
+    from test_tree import turn
+
+    from trace_alloc import Prompt, Rollout, RolloutTree
+
+    tree = RolloutTree.from_prompt(Prompt(prompt_id="q", text="Q?", token_ids=(1, 2)))
+    tree.add_rollout(0, Rollout(turns=(turn(" s1", " o1", tools=1), turn(" a1")), reward=1))
+    tree.add_rollout(0, Rollout(turns=(turn(" a3", n_tok=5),), reward=0))
+    return tree
+
+
+@pytest.mark.parametrize("mode", ["grpo", "tree_grpo", "treerl"])
+def test_an_excluded_leaf_counts_as_never_sampled(mode):
+    # leaf 4 (the fork after s1) is left out: the other leaves get exactly the advantages of
+    # the tree without it, and node 1 is no longer a branch point (one child has leaves)
+    full = tree_advantages([hand_tree()], mode, exclude=[{4}])
+    pruned = tree_advantages([_hand_tree_without_the_fork()], mode)
+    assert [a.leaf_id for a in full] == [2, 5]
+    for kept, reference in zip(full, pruned, strict=True):
+        assert kept.advantages.tolist() == pytest.approx(reference.advantages.tolist())
+    # without the exclusion the reward-0 fork is trained against, and changes the others
+    plain = tree_advantages([hand_tree()], mode)
+    assert [a.leaf_id for a in plain] == [2, 4, 5] and plain[1].has_signal
+    assert plain[0].advantages.tolist() != pytest.approx(full[0].advantages.tolist())
+
+
+def test_excluding_every_leaf_skips_the_tree_and_sets_must_match_the_trees():
+    assert tree_advantages([hand_tree()], "tree_grpo", exclude=[{2, 4, 5}]) == []
+    with pytest.raises(ValueError, match="1 leaf sets for 2 trees"):
+        tree_advantages([hand_tree(), hand_tree()], "grpo", exclude=[set()])
