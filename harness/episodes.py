@@ -73,6 +73,36 @@ class EpisodeCodec:
         """Token ids of an action or observation text, with no special tokens added."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def observation_after(self, completion: Completion, observation: str) -> str:
+        """The part of `observation` that the action's last tokens have not already written.
+
+        Stop strings are matched on text, but a token can run past one: Qwen3's tokenizer holds
+        `>\n\n` as a single token, so an action ending in `</search>\n\n` keeps that token in
+        its ids while its text is cut at `</search>`. Search-R1's observation starts with
+        `\n\n<information>`, and appended whole it would put four newlines in the context where
+        Search-R1 (which re-tokenises the text) has two. The characters the action's tokens
+        spelled past its text and the observation begins with are dropped from the observation,
+        so the context reads as Search-R1's text.
+
+        Args:
+            completion: The action as generated (its ids, and its text cut at the stop string).
+            observation: The env's answer to it.
+
+        Returns:
+            The observation to encode and append.
+        """
+        if completion.finish_reason != "stop" or not observation:
+            return observation
+        spelled = self.tokenizer.decode(list(completion.token_ids))
+        if not spelled.startswith(completion.text):
+            return observation  # the text was not cut from these tokens' decoding
+        overhang = spelled[len(completion.text) :]
+        n = next(
+            (i for i, (a, b) in enumerate(zip(overhang, observation, strict=False)) if a != b),
+            min(len(overhang), len(observation)),
+        )  # characters both start with
+        return observation[n:]
+
 
 def question_kind(question_type: str, n_hops: int | None) -> str:
     """The label results are grouped by: bridges by hop count, other types by name.
@@ -131,7 +161,8 @@ class PlayedTurn:
 
     completion: Completion
     observation: str
-    """The env's answer ("" when the step ended the episode)."""
+    """The env's answer as appended ("" when the step ended the episode), less any characters
+    the action's last token already spelled (`EpisodeCodec.observation_after`)."""
     observation_ids: tuple[int, ...]
     """Its token ids as appended to the stream (empty when the step ended the episode)."""
     reward: float
@@ -345,6 +376,8 @@ def apply_turn(
             info = {**e.info, "failed": "retrieval", "valid_action": True}
         e.reward += float(reward)
         e.info = info
+        if not (terminated or truncated):
+            observation = codec.observation_after(completion, observation)
         obs_ids = [] if terminated or truncated else codec.encode_text(observation)
         # No room for this observation and another action: the episode ends unanswered here,
         # so no sequence ever outgrows the model's context.
