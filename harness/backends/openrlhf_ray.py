@@ -104,6 +104,30 @@ class RayEnginesBackend:
         """Requests that followed a cached prefix rather than the load balance."""
         self._in_flight: dict[Any, tuple[list[int], int, SamplingParams]] = {}  # from submit
 
+    def rng_state(self) -> list[Any]:
+        """The generator behind the per-request seeds, as JSON-safe data (for checkpoints).
+
+        With `seeded`, every request's seed comes from it; a resume that did not restore it
+        would send the same prefixes with other seeds.
+        """
+        version, internal, gauss = self._rng.getstate()
+        return [version, list(internal), gauss]
+
+    def set_rng_state(self, state: Sequence[Any]) -> None:
+        """Restore `rng_state` output.
+
+        Raises:
+            HarnessError: not a `random.Random` state.
+        """
+        try:
+            version, internal, gauss = state
+            self._rng.setstate((version, tuple(internal), gauss))
+        except (TypeError, ValueError) as err:
+            raise HarnessError(
+                f"not a backend generator state ({err}); was it written by "
+                "RayEnginesBackend.rng_state?"
+            ) from err
+
     def reset_routing(self) -> None:
         """Forget which engine holds which prefix (call when the engines reset their caches).
 

@@ -18,6 +18,7 @@ takes its pure-torch path.
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.metadata
 import importlib.util
 import logging
 import sys
@@ -36,6 +37,7 @@ __all__ = [
     "SHIM_VERSION",
     "OpenRLHFLosses",
     "ensure_flash_attn",
+    "flash_attn_installed",
     "is_flash_attn_shim",
     "openrlhf_losses",
 ]
@@ -77,6 +79,18 @@ def ensure_flash_attn() -> bool:
     for module in (package, bert_padding, utils, distributed):
         sys.modules[module.__name__] = module
     log.info("flash_attn is not installed: using trace-rl's pure-torch stand-in (%s)", SHIM_VERSION)
+    return True
+
+
+def flash_attn_installed() -> bool:
+    """Whether the real flash-attn is installed (its distribution, not this module's stand-in).
+
+    transformers decides the same way whether `flash_attention_2` is usable.
+    """
+    try:
+        importlib.metadata.version("flash_attn")
+    except importlib.metadata.PackageNotFoundError:
+        return False
     return True
 
 

@@ -52,6 +52,10 @@ class TreeTrainConfig:
     """Generated tokens per step; required when `currency` is `tokens`."""
     env: SearchQAConfig = field(default_factory=SearchQAConfig)
     """Search-R1 environment: turns, documents per search, reward, prompt template."""
+    env_from_policy: bool = False
+    """Take the turn limit, documents per search, document length and prompt template from the
+    policy's own `tiny_policy.json` (a `tracerl init-model` policy such as the shipped warm
+    start): the environment it was trained for, which RL must not change."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     """The online success predictor Ṽψ (hashed n-grams + a small MLP), as in the CPU trainer."""
     run_dir: Path = Path("runs/openrlhf")
@@ -66,9 +70,15 @@ class TreeTrainConfig:
     error (a hung vLLM engine would otherwise block the controller forever)."""
     check_only: bool = False
     """Parse and check every flag (ours and OpenRLHF's), print the run's size, start nothing."""
+    rehearse_steps: int = 0
+    """With --check-only: also play this many tree steps with these very flags on this machine's
+    CPU, the transformers backend standing in for vLLM (no Ray, vLLM or DeepSpeed), and print
+    the leaves with a training signal per step (`harness.openrlhf.rehearsal`)."""
 
     def __post_init__(self) -> None:
         if self.currency == "tokens" and (self.tokens_per_step is None or self.tokens_per_step < 1):
             raise ValueError("currency='tokens' needs --tokens-per-step > 0")
         if self.currency == "leaves" and self.tokens_per_step is not None:
             raise ValueError("--tokens-per-step is only read with --currency tokens")
+        if self.rehearse_steps and not self.check_only:
+            raise ValueError("--rehearse-steps is a --check-only option")

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from openrlhf.trainer.ppo_utils.experience import Experience
 
 __all__ = [
+    "FILLER_TOKENS",
     "INFO_KEYS",
     "actor_ranks",
     "batch_unit",
@@ -192,17 +193,24 @@ def experiences_from_leaves(
     return out
 
 
+FILLER_TOKENS = 2
+"""Tokens in a filler: the least an `Experience` holds (one token predicted from another)."""
+
+
 def pad_to_multiple(experiences: list[Experience], multiple: int) -> list[Experience]:
-    """Append zero-weight copies until the count is a multiple of `multiple`.
+    """Append short zero-weight fillers until the count is a multiple of `multiple`.
 
     OpenRLHF splits a step's samples evenly over its data-parallel ranks and steps the optimizer
-    every `--train.batch_size` samples; a tree step yields a variable number of leaves, so the
-    last window is filled with copies of leading leaves whose action mask and advantages are
-    zero and whose `info["filler"]` is 1. OpenRLHF 0.11.2 normalises the loss by the action
-    tokens of the optimizer step (token mode) or by its sequences with at least one action token
-    (sample mode), both read from the action mask (`utils/loss_utils.py`), so a filler adds
-    nothing to the loss, its gradient or either normaliser: the step's update is the same with
-    or without fillers, as in the CPU trainer.
+    every `--train.batch_size` samples; a tree step yields a variable number of leaves (only the
+    leaves with a training signal are kept), so nearly every step needs fillers: up to
+    `multiple - 1` of them. A filler is the first `FILLER_TOKENS` tokens of the shortest leaf,
+    with action mask and advantages zero and `info["filler"]` 1, so its forward and backward
+    passes cost next to nothing. OpenRLHF 0.11.2 normalises the loss by the action tokens of the
+    optimizer step (token mode) or by its sequences with at least one action token (sample
+    mode), both read from the action mask (`utils/loss_utils.py`), so a filler adds nothing to
+    the loss, its gradient or either normaliser: the step's update is the same with or without
+    fillers, as in the CPU trainer. (The per-sample and per-micro-batch means OpenRLHF logs
+    would be 0/0 on fillers; `TreeExperienceMaker` and `TreePolicyModelActor` keep them finite.)
 
     Args:
         experiences: One-row experiences (not modified).
@@ -217,28 +225,29 @@ def pad_to_multiple(experiences: list[Experience], multiple: int) -> list[Experi
     if multiple < 1:
         raise ValueError(f"multiple={multiple}: must be >= 1")
     out = list(experiences)
-    if not out:
+    n_fillers = (-len(out)) % multiple
+    if not out or not n_fillers:
         return out
-    for i in range((-len(out)) % multiple):
-        source = experiences[i % len(experiences)]
-        info: Mapping[str, torch.Tensor] = {
-            **source.info,
-            "filler": torch.tensor([1.0]),
-        }
-        out.append(
-            dataclasses.replace(
-                source,
-                action_mask=torch.zeros_like(source.action_mask),
-                advantages=torch.zeros_like(source.advantages),
-                rollout_log_probs=(
-                    None
-                    if source.rollout_log_probs is None
-                    else torch.zeros_like(source.rollout_log_probs)
-                ),
-                response_length=torch.zeros_like(source.response_length),
-                info=dict(info),
-            )
-        )
+    source = min(experiences, key=lambda e: int(e.sequences.shape[-1]))
+    n = min(FILLER_TOKENS, int(source.sequences.shape[-1]))
+    info: Mapping[str, torch.Tensor] = {**source.info, "filler": torch.tensor([1.0])}
+    filler = dataclasses.replace(
+        source,
+        sequences=source.sequences[:, :n].clone(),  # (1, n)
+        attention_mask=source.attention_mask[:, :n].clone(),  # (1, n)
+        action_mask=torch.zeros_like(source.action_mask[:, : n - 1]),  # (1, n - 1)
+        advantages=torch.zeros_like(source.advantages[:, : n - 1]),  # (1, n - 1)
+        rollout_log_probs=(
+            None
+            if source.rollout_log_probs is None
+            else torch.zeros_like(source.rollout_log_probs[:, : n - 1])
+        ),
+        response_length=torch.zeros_like(source.response_length),
+        truncated=torch.zeros_like(source.truncated),
+        total_length=torch.tensor([float(n)]),
+        info=dict(info),
+    )
+    out += [dataclasses.replace(filler, info=dict(filler.info)) for _ in range(n_fillers)]
     return out
 
 

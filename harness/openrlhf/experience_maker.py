@@ -13,7 +13,10 @@ samples ever reach the trainer, so this subclass keeps them:
   token on, which is what OpenRLHF's REINFORCE returns (gamma = 1) add to a scalar reward;
   with `--algo.kl.use_loss` the actor adds KL to the loss and nothing changes here;
 - `returns` = `advantages` (no critic reads them; OpenRLHF logs them);
-- `kl` is dropped afterwards, as the parent does.
+- `kl` is dropped afterwards, as the parent does;
+- the per-sample `kl` and `logprobs_diff` the parent logs are means over a sample's action
+  tokens, 0/0 = NaN on a filler (`harness.openrlhf.experience.pad_to_multiple`); a filler gets
+  the mean of the real samples instead, so the step's logged mean is theirs and never NaN.
 
 Length penalties (`--reward.overlong_buffer_len`, `--reward.stop_properly_penalty_coef`) act on
 scalar rewards, which no longer drive the advantages; the launcher rejects them.
@@ -31,11 +34,22 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  #
 
 from harness.errors import HarnessError  # noqa: E402
 
-__all__ = ["TreeExperienceMaker"]
+__all__ = ["FILLER_MEAN_KEYS", "TreeExperienceMaker", "fill_filler_means"]
+
+FILLER_MEAN_KEYS: tuple[str, ...] = ("kl", "logprobs_diff")
+"""Per-sample `info` means over action tokens that `RemoteExperienceMaker.make_experience` sets
+(NaN on a sample without action tokens)."""
 
 
 class TreeExperienceMaker(RemoteExperienceMaker):
     """A `RemoteExperienceMaker` whose samples arrive with their advantages already computed."""
+
+    @torch.no_grad()
+    def make_experience(self, samples_list: list[Experience]) -> list[Experience]:
+        """OpenRLHF's forwards and KL, then finite per-sample logs on fillers (module docstring)."""
+        experiences = super().make_experience(samples_list)
+        fill_filler_means(experiences)
+        return experiences
 
     @torch.no_grad()
     def compute_advantages_and_returns(self, experiences: list[Experience]) -> list[Experience]:
@@ -73,3 +87,22 @@ class TreeExperienceMaker(RemoteExperienceMaker):
             exp.info["return"] = reward
             exp.kl = None
         return experiences
+
+
+def fill_filler_means(experiences: list[Experience]) -> None:
+    """Give samples without action tokens the mean of the others in `FILLER_MEAN_KEYS`.
+
+    OpenRLHF logs each of these keys as a mean over samples, so the step's value becomes the
+    mean over the real samples (0 when there are none), never NaN. Updates `info` in place.
+    """
+    for key in FILLER_MEAN_KEYS:
+        rows = [(e.info[key], e.action_mask.sum(dim=-1) > 0) for e in experiences if key in e.info]
+        if not rows:
+            continue
+        values = torch.cat([v.float() for v, _ in rows])  # (n_samples,)
+        real = torch.cat([r for _, r in rows])  # (n_samples,)
+        fill = values[real].mean() if bool(real.any()) else torch.tensor(0.0)
+        for exp in experiences:
+            if key in exp.info:
+                has_actions = exp.action_mask.sum(dim=-1) > 0  # (B,)
+                exp.info[key] = torch.where(has_actions, exp.info[key].float(), fill)

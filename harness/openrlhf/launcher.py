@@ -22,12 +22,13 @@ is no critic (tree advantages need none) and no reward model (the environment sc
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib.metadata
 import inspect
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import tyro
@@ -36,6 +37,7 @@ from harness.errors import HarnessError
 from harness.openrlhf.config import TreeTrainConfig
 
 __all__ = [
+    "FLASH_ATTN_FREE_DEFAULTS",
     "OPENRLHF_DEFAULTS",
     "OPENRLHF_VERSION",
     "REWARD_PLACEHOLDER",
@@ -44,6 +46,7 @@ __all__ = [
     "main",
     "parse_args",
     "parse_openrlhf_args",
+    "ray_runtime_env",
     "run_size",
     "split_argv",
 ]
@@ -68,6 +71,10 @@ OPENRLHF_DEFAULTS: dict[str, str] = {
 }
 """OpenRLHF flags given on the user's behalf when absent (the prompt files of
 `scripts/prepare_hotpotqa.py` have `prompt` and `task` columns)."""
+
+FLASH_ATTN_FREE_DEFAULTS: dict[str, str] = {"--ds.attn_implementation": "sdpa"}
+"""Also given when absent if flash-attn is not installed (`make install-gpu FLASH_ATTN=0`):
+OpenRLHF's default, `flash_attention_2`, would fail in every model actor."""
 
 
 def split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -102,12 +109,14 @@ def _check_version() -> None:
 
 
 def _with_defaults(argv: Sequence[str]) -> list[str]:
+    from harness.openrlhf.compat import flash_attn_installed
+
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
+    defaults = dict(OPENRLHF_DEFAULTS)
+    if not flash_attn_installed():
+        defaults.update(FLASH_ATTN_FREE_DEFAULTS)
     extra = [
-        item
-        for flag, value in OPENRLHF_DEFAULTS.items()
-        if flag not in given
-        for item in (flag, value)
+        item for flag, value in defaults.items() if flag not in given for item in (flag, value)
     ]
     return [*argv, *extra]
 
@@ -208,6 +217,37 @@ def check_openrlhf_args(args: Any) -> None:
         problems.append("--train.async_enable is not supported by the tree trainer (synchronous)")
     if args.data.max_images_per_prompt:
         problems.append("--data.max_images_per_prompt: the search environment is text-only")
+    if args.algo.kl.target:
+        problems.append(
+            "--algo.kl.target (adaptive KL) is refused until it is safe: OpenRLHF feeds the "
+            "controller the step's logged `kl`, which its own code marks incompatible with this "
+            "trainer, and the tree advantages read the coefficient; use a fixed "
+            "--algo.kl.init_coef"
+        )
+    colocated = args.train.colocate_actor_ref or args.train.colocate_all
+    ref_layout = (args.ref.num_nodes, args.ref.num_gpus_per_node)
+    actor_layout = (args.actor.num_nodes, args.actor.num_gpus_per_node)
+    if colocated and args.algo.kl.init_coef > 0 and ref_layout != actor_layout:
+        problems.append(
+            f"colocating the reference model (KL {args.algo.kl.init_coef}) needs its layout to "
+            f"be the actor's: --ref.num_nodes x --ref.num_gpus_per_node = {ref_layout[0]} x "
+            f"{ref_layout[1]}, actor {actor_layout[0]} x {actor_layout[1]} (they share one "
+            "placement group)"
+        )
+    from harness.openrlhf.compat import flash_attn_installed
+
+    if not flash_attn_installed():
+        if args.ds.attn_implementation.startswith("flash_attention"):
+            problems.append(
+                f"--ds.attn_implementation {args.ds.attn_implementation} needs flash-attn, "
+                "which is not installed: use sdpa (the default without flash-attn), or "
+                "`make install-gpu` (FLASH_ATTN=1) to build it"
+            )
+        if args.ds.packing_samples:
+            problems.append(
+                "--ds.packing_samples needs flash-attn's variable-length kernels, which are not "
+                "installed (packed samples would attend to each other under sdpa)"
+            )
     from harness.openrlhf.experience import actor_ranks  # torch: only once flags are parsed
 
     ranks = actor_ranks(args)
@@ -244,7 +284,25 @@ def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
     config, unknown = tyro.cli(TreeTrainConfig, args=ours, return_unknown_args=True, prog=PROG)
     args = parse_openrlhf_args([*theirs, *unknown])
     check_openrlhf_args(args)
+    if config.env_from_policy:
+        config = _with_policy_env(config, args.actor.model_name_or_path)
     return config, args
+
+
+def _with_policy_env(config: TreeTrainConfig, policy_dir: str) -> TreeTrainConfig:
+    """`config` with the environment settings recorded in the policy's `tiny_policy.json`.
+
+    Raises:
+        HarnessError: the policy records none.
+    """
+    from harness.tiny_policy.pipeline import recorded_env
+
+    try:
+        settings = recorded_env(policy_dir)
+    except FileNotFoundError as err:
+        raise HarnessError(f"--env-from-policy: {err}") from err
+    env = dataclasses.replace(config.env, **dataclasses.asdict(settings))
+    return dataclasses.replace(config, env=env)
 
 
 def launch(config: TreeTrainConfig, args: Any) -> None:
@@ -257,20 +315,14 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
     import ray
     from openrlhf.trainer.ray import create_vllm_engines
     from openrlhf.trainer.ray.launcher import RayActorGroup, ReferenceModelActor
-    from openrlhf.trainer.ray.ppo_actor import PolicyModelActor
     from openrlhf.utils import get_strategy
     from ray.util.placement_group import placement_group
 
+    from harness.openrlhf.actor import TreePolicyModelActor
     from harness.openrlhf.trainer import TreePPOTrainer
 
     if not ray.is_initialized():
-        # OpenRLHF's defaults for its workers, where the user has not set them
-        defaults = {
-            "TOKENIZERS_PARALLELISM": "true",
-            "NCCL_DEBUG": "WARN",
-            "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
-        }
-        ray.init(runtime_env={"env_vars": {k: os.environ.get(k, v) for k, v in defaults.items()}})
+        ray.init(runtime_env=ray_runtime_env(os.environ))
     strategy = get_strategy(args)
     strategy.print(args)
     n_actor_gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
@@ -304,7 +356,7 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
     actor = RayActorGroup(
         args.actor.num_nodes,
         args.actor.num_gpus_per_node,
-        PolicyModelActor,
+        TreePolicyModelActor,
         pg=shared,
         num_gpus_per_actor=fraction,
         duplicate_actors=duplicates,
@@ -347,6 +399,31 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
     ray.get(actor.async_save_model())
 
 
+def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
+    """The `runtime_env` of the run's `ray.init`: OpenRLHF's worker defaults, the flash-attn shim.
+
+    Every Ray worker (model actors, vLLM engines, the trainer) gets OpenRLHF's environment
+    defaults where `environ` does not set them. Without flash-attn installed, every worker also
+    runs `harness.openrlhf.compat.ensure_flash_attn` before anything else (Ray's worker set-up
+    hook): OpenRLHF's model actors import `openrlhf.models`, which imports flash-attn's helpers
+    at module level, and they never import trace-rl's modules that would install the stand-in.
+
+    Args:
+        environ: The driver's environment (`os.environ`).
+    """
+    from harness.openrlhf.compat import flash_attn_installed
+
+    defaults = {
+        "TOKENIZERS_PARALLELISM": "true",
+        "NCCL_DEBUG": "WARN",
+        "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
+    }
+    runtime_env: dict[str, Any] = {"env_vars": {k: environ.get(k, v) for k, v in defaults.items()}}
+    if not flash_attn_installed():
+        runtime_env["worker_process_setup_hook"] = "harness.openrlhf.compat.ensure_flash_attn"
+    return runtime_env
+
+
 def main(argv: Sequence[str]) -> int:
     """Entry point of `tracerl train --backend openrlhf` (`harness.cli.train` dispatches here).
 
@@ -361,6 +438,17 @@ def main(argv: Sequence[str]) -> int:
     """
     config, args = parse_args(argv)
     print(run_size(config, args), flush=True)  # the numbers that size a run, before it starts
+    if config.rehearse_steps:
+        from harness.openrlhf.rehearsal import rehearse
+
+        steps = rehearse(config, args, steps=config.rehearse_steps)
+        for step in steps:
+            print(step.line(), flush=True)
+        print(
+            f"rehearsal: {sum(s.n_signal for s in steps)} leaves with signal in {len(steps)} "
+            f"steps ({', '.join(str(s.n_signal) for s in steps)})",
+            flush=True,
+        )
     if not config.check_only:
         launch(config, args)
     return 0
@@ -383,5 +471,7 @@ def run_size(config: TreeTrainConfig, args: Any) -> str:
         f"{args.vllm.num_engines} vLLM engines x TP{args.vllm.tensor_parallel_size}"
         f"{' (prefix caching)' if args.vllm.enable_prefix_caching else ''}; "
         f"{args.rollout.max_new_tokens} tokens per action, {args.data.max_len} per episode; "
+        f"env: {config.env.max_turns} turns, {config.env.top_k} documents of at most "
+        f"{config.env.max_doc_chars} characters, prompt {config.env.prompt_template!r}; "
         f"retriever {config.retriever}"
     )

@@ -13,10 +13,11 @@ step it:
    keeps for training;
 3. turns every leaf into an `Experience` with those advantages already in place
    (`harness.openrlhf.experience`), for `TreeExperienceMaker` to keep;
-4. drops the leaves whose advantages are all zero and pads the count to a multiple of the
-   training batch with zero-weight fillers (action mask 0), because OpenRLHF splits a step's
-   samples evenly over its data-parallel ranks. Neither counts in OpenRLHF's loss normalisers,
-   so the objective is the CPU trainer's (docs/decisions.md, "One objective").
+4. drops the leaves whose advantages are all zero, leaves out of the advantages those that a
+   fault ended (`harness.engine.leaves_to_train`), and pads the count to a multiple of the
+   training batch with short zero-weight fillers (action mask 0), because OpenRLHF splits a
+   step's samples evenly over its data-parallel ranks. Neither counts in OpenRLHF's loss
+   normalisers, so the objective is the CPU trainer's (docs/decisions.md, "One objective").
 
 The prompt dataset's label column (`--data.label_key`) holds each question's `QATask` JSON
 (`scripts/prepare_hotpotqa.py` writes it); the environment builds its own Search-R1 prompt from
@@ -39,18 +40,18 @@ from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
+import ray  # noqa: E402
 import torch  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
-from openrlhf.trainer.ray.vllm_engine import batch_vllm_engine_call  # noqa: E402
 
 from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
-from harness.backends.base import SamplingParams  # noqa: E402
+from harness.backends.base import PolicyBackend, SamplingParams  # noqa: E402
 from harness.backends.openrlhf_ray import RayEnginesBackend  # noqa: E402
 from harness.checkpoint import write_dir_atomic  # noqa: E402
-from harness.engine import TreeRolloutEngine  # noqa: E402
+from harness.engine import TreeRolloutEngine, leaves_to_train  # noqa: E402
 from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
-from harness.errors import HarnessError  # noqa: E402
+from harness.errors import EngineTimeoutError, HarnessError  # noqa: E402
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
     batch_unit,
@@ -66,7 +67,6 @@ from trace_alloc import (  # noqa: E402
     Spend,
     StepResult,
     learn_from_step,
-    tree_advantages,
 )
 
 __all__ = ["STATE_SCHEMA_VERSION", "ChatTemplateCodec", "TreeSamplesGenerator"]
@@ -104,6 +104,9 @@ class TreeSamplesGenerator(SamplesGenerator):
         tokenizer: The policy's tokenizer.
         vllm_engines: OpenRLHF's `RolloutRayActor` handles.
         config: trace-rl's flags.
+        backend: The policy the tree engine samples from; None (the training run): a
+            `RayEnginesBackend` over `vllm_engines`. `harness.openrlhf.rehearsal` passes a
+            `TransformersBackend` to play the same steps without Ray or vLLM.
 
     Raises:
         HarnessError: a label that is not a task's JSON, or settings that cannot work.
@@ -118,6 +121,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         vllm_engines: list[Any],
         *,
         config: TreeTrainConfig,
+        backend: PolicyBackend | None = None,
     ) -> None:
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         args = self.args
@@ -126,7 +130,7 @@ class TreeSamplesGenerator(SamplesGenerator):
                 "--rollout.max_new_tokens is required: it is the per-turn token cap of an action"
             )
         self.config = config
-        self.backend = RayEnginesBackend(
+        self.backend = backend or RayEnginesBackend(
             self.vllm_engines,
             eos_text=tokenizer.eos_token,
             seed=config.seed,
@@ -256,15 +260,40 @@ class TreeSamplesGenerator(SamplesGenerator):
 
     @contextlib.contextmanager
     def _engines_awake(self) -> Iterator[None]:
-        """Wake sleeping vLLM engines for generation and put them back after, as OpenRLHF does."""
+        """Wake sleeping vLLM engines for generation and put them back after, as OpenRLHF does.
+
+        Each call waits at most `--engine-timeout-s`. When the step fails (most often an engine
+        that did not answer), the engines are left awake: the run stops anyway, and a `sleep`
+        sent to a hung engine would never return (OpenRLHF's `batch_vllm_engine_call` has no
+        timeout), so the controller would hang instead of raising.
+
+        Raises:
+            EngineTimeoutError: an engine did not answer `wake_up` or `sleep` in time.
+        """
         if not self.args.vllm.enable_sleep:
             yield
             return
-        batch_vllm_engine_call(self.vllm_engines, "wake_up")
+        self._call_engines("wake_up")
         try:
             yield
-        finally:
-            batch_vllm_engine_call(self.vllm_engines, "sleep")
+        except BaseException:
+            log.warning("the step failed: vLLM engines left awake (not put back to sleep)")
+            raise
+        self._call_engines("sleep")
+
+    def _call_engines(self, method: str) -> None:
+        """`method.remote()` on every engine, waiting at most `engine_timeout_s`."""
+        refs = [getattr(engine, method).remote() for engine in self.vllm_engines]
+        timeout_s = self.config.engine_timeout_s
+        try:
+            ray.get(refs, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as err:
+            for ref in refs:
+                ray.cancel(ref)
+            raise EngineTimeoutError(
+                f"vLLM engines did not answer `{method}` within {timeout_s} s; is an engine "
+                "hung? (--engine-timeout-s)"
+            ) from err
 
     # --- the tree step ---
 
@@ -283,7 +312,8 @@ class TreeSamplesGenerator(SamplesGenerator):
         first: dict[str, int] = {}
         for i, task in enumerate(tasks):
             first.setdefault(task.task_id, i)  # a question drawn twice is played once
-        self.backend.reset_routing()  # OpenRLHF reset the engines' prefix caches at the sync
+        if isinstance(self.backend, RayEnginesBackend):
+            self.backend.reset_routing()  # OpenRLHF reset the engines' prefix caches at the sync
         self.engine.reset_stats()
         result = self.engine.run_step(
             self.config.alloc,
@@ -300,8 +330,9 @@ class TreeSamplesGenerator(SamplesGenerator):
         rollout_s = time.perf_counter() - start
         predictor_metrics = self._update_predictor(result)
         kept = [result.trees[i] for i in result.train_indices]
-        # leaves without signal carry no weight, as in the CPU trainer (docs/decisions.md)
-        leaves = [a for a in tree_advantages(kept, self.config.advantage) if a.has_signal]
+        # leaves without signal carry no weight and leaves a fault ended are left out of the
+        # advantages, as in the CPU trainer (docs/decisions.md)
+        leaves, n_failed = leaves_to_train(kept, self.config.advantage)
         experiences = experiences_from_leaves(
             kept,
             leaves,
@@ -315,6 +346,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.last_metrics.update(predictor_metrics)
         self.last_metrics["rollout/n_train_leaves"] = float(len(experiences))
         self.last_metrics["rollout/n_fillers"] = float(len(padded) - len(experiences))
+        self.last_metrics["rollout/failed_leaves_excluded"] = float(n_failed)
         self.spent = self.spent + result.spent
         self.last_metrics["budget/total_leaves"] = float(self.spent.n_leaves)
         self.last_metrics["budget/total_tokens"] = float(self.spent.n_tokens)
@@ -339,6 +371,8 @@ class TreeSamplesGenerator(SamplesGenerator):
             "engine_rng": self.engine.rng_state(),
             "spent": dataclasses.asdict(self.spent),
         }
+        if isinstance(self.backend, RayEnginesBackend):  # --seeded-requests draws from it
+            state["backend_rng"] = self.backend.rng_state()
 
         def write(tmp: Path) -> None:
             np.savez(tmp / "predictor.npz", **self.predictor.state_dict())
@@ -372,6 +406,13 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.rng.bit_generator.state = state["rng"]
         self.engine.set_rng_state(state["engine_rng"])
         self.spent = Spend(**state["spent"])
+        if isinstance(self.backend, RayEnginesBackend):
+            if "backend_rng" in state:
+                self.backend.set_rng_state(state["backend_rng"])
+            else:  # written before the backend's generator was saved
+                log.warning(
+                    "%s has no backend_rng: seeded requests will not resume exactly", directory
+                )
 
     # --- tasks ---
 

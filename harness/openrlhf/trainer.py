@@ -35,7 +35,7 @@ from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience_maker import TreeExperienceMaker  # noqa: E402
 from harness.openrlhf.samples import TreeSamplesGenerator  # noqa: E402
 
-__all__ = ["TreePPOTrainer", "TreePPOTrainerBase"]
+__all__ = ["TreePPOTrainer", "TreePPOTrainerBase", "tree_steps"]
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +77,9 @@ class TreePPOTrainerBase(BasePPOTrainer):
         tokenizer = get_tokenizer(
             pretrain, None, "left", strategy, use_fast=not args.data.disable_fast_tokenizer
         )
-        self.prompts_dataloader, self.eval_dataloader, self.max_steps = prepare_datasets(
-            strategy, tokenizer
+        self.prompts_dataloader, self.eval_dataloader, _ = prepare_datasets(strategy, tokenizer)
+        self.max_steps = tree_steps(
+            len(self.prompts_dataloader.dataset), args.rollout.batch_size, args.train.num_episodes
         )
         self.generate_kwargs = generate_kwargs
         self.config = config
@@ -112,7 +113,10 @@ class TreePPOTrainerBase(BasePPOTrainer):
         self.metrics: MetricsLog | None = None  # opened by fit, which knows whether it resumes
 
     def get_max_steps(self) -> int:
-        """Scheduler length: OpenRLHF's estimate from the prompt count and the leaf budget."""
+        """Scheduler length, in tree steps, in either budget currency.
+
+        The policy actor advances its schedule once per tree step (`harness.openrlhf.actor`).
+        """
         return self.max_steps
 
     def state_dir(self, global_step: int) -> Path:
@@ -167,6 +171,8 @@ class TreePPOTrainerBase(BasePPOTrainer):
                     self._save_and_evaluate(global_step, status, episode, consumed)
                 elif n_prompts:
                     log.warning("a step kept no leaf (%d prompts): nothing to train on", n_prompts)
+                    # the schedule counts tree steps, trained or not
+                    ray.get(self.actor_model_group.async_run_method(method_name="advance_schedule"))
                 if exhausted:
                     break
         for tracker in (self.wandb_logger, self.tensorboard_logger, self.metrics):
@@ -237,6 +243,15 @@ class TreePPOTrainerBase(BasePPOTrainer):
                 tracker.log_eval(global_step, logs)
         log.info("evaluation at step %d: %s", global_step, logs)
         return logs
+
+
+def tree_steps(n_prompts: int, batch_size: int, n_episodes: int) -> int:
+    """Tree steps in a run: each draws `batch_size` prompts until the dataset is used up.
+
+    >>> tree_steps(24, 8, 1), tree_steps(25, 8, 2)
+    (3, 8)
+    """
+    return -(-n_prompts // batch_size) * n_episodes
 
 
 TreePPOTrainer = ray.remote(TreePPOTrainerBase)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from envs import SearchQAEnv, World
 from envs.tasks import QATask
 from harness.episodes import EpisodeCodec, PolicyEval, evaluate_policy
-from harness.tiny_policy.config import TinyPolicyConfig
+from harness.tiny_policy.config import EnvSettings, TinyPolicyConfig
 from retrieval.bm25 import BM25Retriever
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ __all__ = [
     "init_model",
     "is_hard",
     "load_artifacts",
+    "recorded_env",
     "unseen_questions",
 ]
 
@@ -168,6 +169,26 @@ class PolicyArtifacts:
             sft=record["sft"],
             evals={k: PolicyEval.from_json(v) for k, v in record["evals"].items()},
         )
+
+
+def recorded_env(policy_dir: str | Path) -> EnvSettings:
+    """The environment settings a tiny policy was warm-started with (its `tiny_policy.json`).
+
+    RL must run the policy in exactly this environment: in another one (Search-R1's long
+    prompt, longer documents, fewer turns) the tiny policy answers nothing right and no step
+    has a leaf with a training signal.
+
+    Raises:
+        FileNotFoundError: `policy_dir` has no `tiny_policy.json` (not a `tracerl init-model`
+            policy).
+    """
+    path = Path(policy_dir) / ARTIFACTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found: only a policy made by `tracerl init-model` (such as the shipped "
+            "harness/tiny_policy/warm_start) records the environment it was trained for"
+        )
+    return EnvSettings(**json.loads(path.read_text(encoding="utf-8"))["config"]["env"])
 
 
 def load_artifacts(run_dir: str | Path) -> PolicyArtifacts:

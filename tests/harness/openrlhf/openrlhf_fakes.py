@@ -176,3 +176,29 @@ class FakeEngine:
 
     def seen(self) -> list[list[int]]:
         return self.prompts
+
+
+class HungEngine:
+    """A `RolloutRayActor`-shaped engine that has stopped answering: `generate` and `sleep`
+    never return (`wake_up`, sent before the hang, still does). Records the calls it got."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def wake_up(self, tags=None):
+        self.calls.append("wake_up")
+
+    async def sleep(self, level: int = 1):
+        import asyncio
+
+        self.calls.append("sleep")
+        await asyncio.Event().wait()
+
+    async def generate(self, prompt_token_ids, sampling_params, multi_modal_data=None):
+        import asyncio
+
+        self.calls.append("generate")
+        await asyncio.Event().wait()
+
+    def seen(self) -> list[str]:
+        return list(self.calls)

@@ -20,6 +20,7 @@ from openrlhf.trainer.ppo_utils.experience import (
 from openrlhf_fakes import PROMPT, convert, small_tree, turn
 
 from harness.openrlhf.experience import (
+    FILLER_TOKENS,
     INFO_KEYS,
     experiences_from_leaves,
     pad_to_multiple,
@@ -111,12 +112,21 @@ def test_experiences_survive_openrlhf_batching_and_the_replay_buffer_path():
     assert torch.equal(again.advantages, batch.advantages)
 
 
-def test_padding_adds_zero_advantage_fillers_to_a_multiple():
+def test_padding_adds_short_zero_advantage_fillers_to_a_multiple():
     _, exps = convert([small_tree()])
-    padded = pad_to_multiple(exps, 4)
-    assert len(padded) == 4 and padded[:3] == exps
+    padded = pad_to_multiple(exps, 8)
+    assert len(padded) == 8 and padded[:3] == exps
     filler = padded[3]
-    assert torch.equal(filler.sequences, exps[0].sequences)
+    # short: the first FILLER_TOKENS tokens of the shortest leaf, not a copy of a whole leaf
+    shortest = min(exps, key=lambda e: e.sequences.shape[-1])
+    assert filler.sequences.shape == (1, FILLER_TOKENS)
+    assert torch.equal(filler.sequences, shortest.sequences[:, :FILLER_TOKENS])
+    assert filler.action_mask.shape == filler.advantages.shape == (1, FILLER_TOKENS - 1)
+    assert filler.total_length.tolist() == [float(FILLER_TOKENS)]
+    assert int(filler.response_length) == 0 and not bool(filler.truncated)
+    # fillers and leaves of any length still go through OpenRLHF's batching
+    batch = Experience.concat_experiences(padded, pad_token_id=0)
+    assert batch.sequences.shape[0] == 8
     assert torch.count_nonzero(filler.advantages) == 0
     assert torch.count_nonzero(filler.action_mask) == 0  # weightless, not just zero-advantage
     assert filler.info["filler"].tolist() == [1.0]
