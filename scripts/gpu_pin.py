@@ -19,16 +19,27 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 def gpu_pin(name: str) -> str:
     """The `gpu` extra's requirement string for `name` (case and -/_ insensitive).
 
+    The extras it includes (`trace-rl[gpu-sdpa]`) are searched too.
+
     Raises:
         SystemExit: the extra has no requirement for `name`.
     """
-    extra = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["gpu"]
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
     key = re.sub(r"[-_.]+", "-", name).lower()
-    for requirement in extra:
+    for requirement in _expanded(extras, "gpu"):
         found = re.match(r"[A-Za-z0-9._-]+", requirement)
         if found and re.sub(r"[-_.]+", "-", found.group(0)).lower() == key:
             return requirement
     raise SystemExit(f"the gpu extra of {PYPROJECT} has no requirement for {name!r}")
+
+
+def _expanded(extras: dict[str, list[str]], name: str) -> list[str]:
+    """The extra's requirements, with its `trace-rl[other]` references replaced by theirs."""
+    out = []
+    for requirement in extras[name]:
+        nested = re.fullmatch(r"trace-rl\[([a-z0-9-]+)\]", requirement)
+        out += _expanded(extras, nested.group(1)) if nested else [requirement]
+    return out
 
 
 if __name__ == "__main__":

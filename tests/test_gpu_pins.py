@@ -41,7 +41,7 @@ def ours() -> dict[str, list[Requirement]]:
     project = tomllib.loads(PYPROJECT.read_text())["project"]
     extras = project["optional-dependencies"]
     found: dict[str, list[Requirement]] = {}
-    for text in [*project["dependencies"], *extras["gpu"], *extras["train"]]:
+    for text in [*project["dependencies"], *extras["gpu"], *extras["gpu-sdpa"], *extras["train"]]:
         requirement = Requirement(text)
         if canonicalize_name(requirement.name) != "trace-rl":
             found.setdefault(canonicalize_name(requirement.name), []).append(requirement)
@@ -83,9 +83,17 @@ def test_every_shared_requirement_intersects_openrlhfs():
 
 
 def test_the_extra_states_openrlhfs_exact_pins_itself():
+    extras = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]
     gpu = {
         canonicalize_name(Requirement(t).name): Requirement(t)
-        for t in tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["gpu"]
+        for t in [*extras["gpu"], *extras["gpu-sdpa"]]
+    }
+    # the flash-attn-free route is the gpu extra minus OpenRLHF (installed --no-deps) and flash-attn
+    assert "trace-rl[gpu-sdpa]" in extras["gpu"]
+    assert {canonicalize_name(Requirement(t).name) for t in extras["gpu"]} == {
+        "trace-rl",
+        "openrlhf",
+        "flash-attn",
     }
     theirs = {canonicalize_name(r.name): r for r in openrlhf_requirements()}
     for name in PINNED:

