@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# One-GPU smoke test of the real OpenRLHF path: Ray, DeepSpeed, one vLLM engine, the tiny policy,
-# the synthetic world and a few TRACE steps, in under 10 minutes. The last line it prints is
+# One-GPU smoke test of the real OpenRLHF path: Ray, DeepSpeed, one vLLM engine, the shipped tiny
+# policy, the synthetic world and a few TRACE steps. The last line it prints is
 #   GPU SMOKE: PASS (...)   or   GPU SMOKE: FAIL (...)
 # and the exit code says the same (0 / 1).
 #
-# UNVERIFIED: written without a GPU (no GPU was lent to the tasks that wrote it); on CPU its
-# flags pass OpenRLHF's parser and the tree checks (it is step 4 of docs/openrlhf.md, "First
-# hour on a cluster"). Run it after `make install-gpu`, from the repository root:
-#   bash scripts/gpu_smoke.sh
-# Environment: POLICY (a tiny policy directory; default: build or reuse RUN/tiny_policy/policy
-# with `tracerl init-model`, a few minutes on CPU), RUN (default: runs/gpu_smoke), STEPS (3),
-# TIMEOUT_S (600). `bash scripts/gpu_smoke.sh --check-only` checks every flag with OpenRLHF's
-# parser and the tree checks and starts nothing (works on CPU; tests/harness/openrlhf runs it).
+# Run it after `make install-gpu`, from anywhere:   bash scripts/gpu_smoke.sh
+# It runs the project's own venv (.venv/bin/python, or $PYTHON), never what PATH finds.
+#
+# UNVERIFIED ON A GPU: written without one (no GPU has been lent to this project's tasks yet).
+# `bash scripts/gpu_smoke.sh --check-only` works on CPU: it checks every flag with OpenRLHF's
+# parser and the tree checks, then rehearses the same TRACE steps on CPU with the transformers
+# backend (no Ray, vLLM or DeepSpeed) and fails if no step keeps a leaf with a training signal.
+#
+# The environment the policy is played in (turns, documents per search, document length,
+# prompt) is read from the policy's own tiny_policy.json (--env-from-policy): the tiny policy
+# answers nothing right in any other one, and then no step has anything to train on.
+#
+# Environment: POLICY (default: the shipped harness/tiny_policy/warm_start), RUN (default:
+# runs/gpu_smoke), STEPS (3), TIMEOUT_S (900: a cold first start pays Ray's start, vLLM's start
+# and DeepSpeed's FusedAdam build), PYTHON (default: the repository's .venv/bin/python).
 set -uo pipefail
 
-absolute() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac; }
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+absolute() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$ROOT/$1" ;; esac; }
 RUN=$(absolute "${RUN:-runs/gpu_smoke}")
+POLICY=$(absolute "${POLICY:-harness/tiny_policy/warm_start}")
 STEPS=${STEPS:-3}
-TIMEOUT_S=${TIMEOUT_S:-600}
-PYTHON=${PYTHON:-python}
-export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+TIMEOUT_S=${TIMEOUT_S:-900}
+PYTHON=${PYTHON:-$ROOT/.venv/bin/python}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 START=$(date +%s)
 
 fail() {
@@ -28,28 +38,56 @@ fail() {
 }
 
 CHECK_ONLY=""
-[[ " $* " == *" --check-only "* ]] && CHECK_ONLY=1
+ARGS=()
+for arg in "$@"; do
+  if [[ "$arg" == "--check-only" ]]; then CHECK_ONLY=1; else ARGS+=("$arg"); fi
+done
 mkdir -p "$RUN"
 : >"$RUN/smoke.log"
+[[ -x "$PYTHON" ]] || fail "no Python at $PYTHON: run \`make install-gpu\` first (or set PYTHON)"
+
+# Versions, then one clear line for the first missing component.
+"$PYTHON" - "$CHECK_ONLY" >>"$RUN/smoke.log" 2>&1 <<'PY'
+import importlib.metadata as md, platform, sys
+
+print(f"python {platform.python_version()} at {sys.executable}")
+for name in ("torch", "transformers", "vllm", "ray", "deepspeed", "openrlhf", "flash_attn"):
+    versions = []
+    for dist in (name.replace("_", "-"), f"{name}-cpu"):
+        try:
+            versions.append(f"{dist} {md.version(dist)}")
+        except md.PackageNotFoundError:
+            pass
+    print(", ".join(versions) if versions else f"{name} not installed")
+import torch
+
+print(f"cuda {torch.version.cuda}, devices: {torch.cuda.device_count()}")
+for i in range(torch.cuda.device_count()):
+    print(f"  {i}: {torch.cuda.get_device_name(i)}")
+PY
+echo "--- versions (also in $RUN/smoke.log)"
+cat "$RUN/smoke.log"
+for module in torch transformers openrlhf deepspeed ray vllm; do
+  "$PYTHON" -c "import $module" >>"$RUN/smoke.log" 2>&1 ||
+    fail "$module does not import in $PYTHON: run \`make install-gpu\`"
+done
 if [[ -z "$CHECK_ONLY" ]]; then
   "$PYTHON" -c "import torch; assert torch.cuda.is_available()" >>"$RUN/smoke.log" 2>&1 ||
-    fail "no CUDA device visible to torch"
+    fail "torch in $PYTHON sees no CUDA device (a CPU torch, or no GPU on this node)"
+  "$PYTHON" -c "import flash_attn" >>"$RUN/smoke.log" 2>&1 ||
+    echo "flash-attn not installed: the run uses sdpa attention (make install-gpu FLASH_ATTN=0)"
 fi
-if [[ -z "$CHECK_ONLY" ]]; then
-  "$PYTHON" scripts/gpu_smoke_data.py --out "$RUN/data" >>"$RUN/smoke.log" 2>&1 ||
-    fail "could not write the synthetic prompts and index"
-fi
-if [[ -z "${POLICY:-}" && -z "$CHECK_ONLY" ]]; then
-  tracerl init-model --run-dir "$RUN" --no-progress >>"$RUN/smoke.log" 2>&1 ||
-    fail "tracerl init-model failed"
-  POLICY="$RUN/tiny_policy/policy"
-fi
-POLICY=$(absolute "${POLICY:-$RUN/tiny_policy/policy}")
+[[ -f "$POLICY/tiny_policy.json" ]] || fail "$POLICY is not a tiny policy (no tiny_policy.json)"
+"$PYTHON" scripts/gpu_smoke_data.py --out "$RUN/data" >>"$RUN/smoke.log" 2>&1 ||
+  fail "could not write the synthetic prompts and index"
 
-# A budget of 16 leaves per step (8 prompts x 2), one optimizer step per training step.
-timeout "$TIMEOUT_S" tracerl train --backend openrlhf \
+# A budget of 16 leaves per step (8 prompts x 2), one optimizer window per training step; the
+# learning rate starts at its peak (no warm-up within 3 steps).
+MODE=()
+[[ -n "$CHECK_ONLY" ]] && MODE=(--check-only --rehearse-steps "$STEPS")
+timeout "$TIMEOUT_S" "$PYTHON" -m harness.cli train --backend openrlhf \
   --retriever "$RUN/data/index" --run-dir "$RUN" --seed 0 \
-  --env.max-turns 4 --env.top-k 3 --env.reward em "$@" \
+  --env-from-policy --env.reward em "${MODE[@]}" "${ARGS[@]}" \
   alloc:trace --alloc.continuations-per-rollout 1 -- \
   --actor.model_name_or_path "$POLICY" \
   --data.prompt_dataset "$RUN/data/train.jsonl" --data.max_samples $((8 * STEPS)) \
@@ -62,20 +100,25 @@ timeout "$TIMEOUT_S" tracerl train --backend openrlhf \
   --vllm.num_engines 1 --vllm.tensor_parallel_size 1 --vllm.gpu_memory_utilization 0.3 \
   --vllm.enable_prefix_caching --vllm.enforce_eager \
   --ds.zero_stage 2 --ds.param_dtype bf16 --ds.attn_implementation sdpa \
-  --actor.adam.lr 1e-5 --algo.kl.init_coef 0 \
+  --actor.adam.lr 1e-5 --actor.lr_warmup_ratio 0 --algo.kl.init_coef 0 \
   --ckpt.path "$RUN/ckpt" --ckpt.save_steps "$STEPS" --ckpt.output_dir "$RUN/model" \
   >>"$RUN/smoke.log" 2>&1
 code=$?
 elapsed=$(($(date +%s) - START))
-[[ $code -eq 124 ]] && fail "timed out after ${TIMEOUT_S} s"
-[[ $code -ne 0 ]] && fail "tracerl train exited with code $code"
+[[ $code -eq 124 ]] && fail "timed out after ${TIMEOUT_S} s (raise TIMEOUT_S)"
+[[ $code -ne 0 ]] &&
+  fail "tracerl train exited with code $code: $(grep -E '^[A-Za-z_.]*(Error|Exception)\b' "$RUN/smoke.log" | tail -1)"
 if [[ -n "$CHECK_ONLY" ]]; then
   grep -m1 "vLLM engines" "$RUN/smoke.log"
-  echo "GPU SMOKE: CHECKED (flags only, nothing started)"
+  grep "^rehearsal" "$RUN/smoke.log"
+  signal=$(sed -n 's/^rehearsal: \([0-9]*\) leaves with signal.*/\1/p' "$RUN/smoke.log")
+  [[ "${signal:-0}" -gt 0 ]] ||
+    fail "no rehearsed TRACE step kept a leaf with a training signal: nothing would train"
+  echo "GPU SMOKE: CHECKED (flags parsed, $signal leaves with signal in $STEPS rehearsed steps on CPU; nothing started)"
   exit 0
 fi
 "$PYTHON" - "$RUN" "$STEPS" >>"$RUN/smoke.log" 2>&1 <<'PY' || fail "the run's outputs are incomplete"
-import json, sys
+import json, math, sys
 from pathlib import Path
 
 run, steps = Path(sys.argv[1]), int(sys.argv[2])
@@ -83,6 +126,11 @@ records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().spli
 trained = [r for r in records if "loss/policy" in r]
 assert trained, "no step trained (no leaf with signal?)"
 assert all(r["budget/leaves"] == 16 for r in records if "budget/leaves" in r), "budget not exact"
+assert all("rollout/effective_ratio" in r for r in trained), "tree metrics missing"
+for r in trained:
+    for key in ("loss/policy", "ppo_kl", "kl"):
+        assert key not in r or math.isfinite(r[key]), f"{key} is not finite at step {r['step']}"
+assert abs(trained[0].get("ppo_kl", 0.0)) < 0.1, "rollout and trainer log-probs disagree"
 assert (run / "checkpoints" / f"global_step{records[-1]['step']}" / "state.json").exists()
 assert any((run / "model").glob("*.safetensors")), "no final model in RUN/model"
 print(f"{len(records)} steps logged, {len(trained)} trained; last: {records[-1]}")

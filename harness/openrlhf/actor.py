@@ -40,6 +40,7 @@ __all__ = [
     "TreePolicyModelActorBase",
     "finite_filler_metrics",
     "one_schedule_step",
+    "tree_steps",
 ]
 
 
@@ -87,6 +88,15 @@ def one_schedule_step(engine: Any) -> Iterator[None]:
         engine.lr_scheduler = scheduler
     if scheduler is not None:
         scheduler.step()
+
+
+def tree_steps(n_prompts: int, batch_size: int, n_episodes: int) -> int:
+    """Tree steps in a run: each draws `batch_size` prompts until the dataset is used up.
+
+    >>> tree_steps(24, 8, 1), tree_steps(25, 8, 2)
+    (3, 8)
+    """
+    return -(-n_prompts // batch_size) * n_episodes
 
 
 class TreeActorPPOTrainer(ActorPPOTrainer):

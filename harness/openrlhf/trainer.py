@@ -31,11 +31,12 @@ from openrlhf.trainer.ppo_trainer import (  # noqa: E402
 from openrlhf.utils.utils import get_tokenizer  # noqa: E402
 
 from harness.metrics_log import MetricsLog  # noqa: E402
+from harness.openrlhf.actor import tree_steps  # noqa: E402
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience_maker import TreeExperienceMaker  # noqa: E402
 from harness.openrlhf.samples import TreeSamplesGenerator  # noqa: E402
 
-__all__ = ["TreePPOTrainer", "TreePPOTrainerBase", "tree_steps"]
+__all__ = ["TreePPOTrainer", "TreePPOTrainerBase"]
 
 log = logging.getLogger(__name__)
 
@@ -243,15 +244,6 @@ class TreePPOTrainerBase(BasePPOTrainer):
                 tracker.log_eval(global_step, logs)
         log.info("evaluation at step %d: %s", global_step, logs)
         return logs
-
-
-def tree_steps(n_prompts: int, batch_size: int, n_episodes: int) -> int:
-    """Tree steps in a run: each draws `batch_size` prompts until the dataset is used up.
-
-    >>> tree_steps(24, 8, 1), tree_steps(25, 8, 2)
-    (3, 8)
-    """
-    return -(-n_prompts // batch_size) * n_episodes
 
 
 TreePPOTrainer = ray.remote(TreePPOTrainerBase)

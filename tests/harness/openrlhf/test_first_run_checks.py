@@ -213,7 +213,7 @@ def test_a_tree_step_trains_at_one_learning_rate_then_the_schedule_advances():
 
 
 def test_the_schedule_length_is_the_number_of_tree_steps():
-    from harness.openrlhf.trainer import tree_steps
+    from harness.openrlhf.actor import tree_steps
 
     assert tree_steps(24, 8, 1) == 3  # the smoke: 24 prompts, 8 per step
     assert tree_steps(1000, 256, 2) == 8  # a last, partial batch is a step too

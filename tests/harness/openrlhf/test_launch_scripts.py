@@ -115,19 +115,42 @@ def test_the_qwen3_launch_flags_pass_openrlhfs_parser_and_the_tree_checks():
     assert "multiple of 512" in done.stdout and "4 vLLM engines x TP2" in done.stdout
 
 
-@pytest.mark.slow  # imports OpenRLHF in a fresh interpreter (30-60 s here)
-def test_the_gpu_smoke_flags_pass_openrlhfs_parser_and_the_tree_checks(tmp_path):
+@pytest.mark.slow  # OpenRLHF's parser, then 3 tree steps of the tiny policy on CPU (1-2 min)
+def test_the_gpu_smoke_checks_its_flags_and_rehearses_steps_that_keep_leaves(tmp_path):
     smoke = LAUNCH.parent / "gpu_smoke.sh"
     done = subprocess.run(
         ["bash", str(smoke), "--check-only"],
         capture_output=True,
         text=True,
-        env=_env(RUN=str(tmp_path / "smoke"), POLICY=str(tmp_path / "policy")),
-        cwd=LAUNCH.parent.parent,
-        timeout=600,
+        env=_env(RUN=str(tmp_path / "smoke"), PYTHON=sys.executable),
+        cwd=tmp_path,  # the script finds the repository and its venv itself
+        timeout=900,
         check=False,
     )
     log = (tmp_path / "smoke" / "smoke.log").read_text()
     assert done.returncode == 0, done.stdout + log[-3000:]
-    assert done.stdout.strip().splitlines()[-1].startswith("GPU SMOKE: CHECKED"), done.stdout
+    lines = done.stdout.strip().splitlines()
+    assert lines[-1].startswith("GPU SMOKE: CHECKED"), done.stdout
     assert "ZeRO-2" in done.stdout and "1 vLLM engines" in done.stdout
+    assert "openrlhf 0.11.2" in done.stdout  # the versions it ran with
+    # the environment is the shipped policy's own (tiny_policy.json), not SearchQAConfig's
+    assert "env: 8 turns, 2 documents of at most 240 characters" in done.stdout
+    steps = [line for line in lines if line.startswith("rehearsal step")]
+    assert len(steps) == 3
+    signal = [int(line.split(" leaves, ")[1].split(" with signal")[0]) for line in steps]
+    assert sum(signal) > 0, steps  # with Search-R1's defaults the policy kept none
+
+
+def test_the_gpu_smoke_says_which_python_is_missing(tmp_path):
+    smoke = LAUNCH.parent / "gpu_smoke.sh"
+    done = subprocess.run(
+        ["bash", str(smoke), "--check-only"],
+        capture_output=True,
+        text=True,
+        env=_env(RUN=str(tmp_path / "smoke"), PYTHON=str(tmp_path / "no-venv" / "python")),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1
+    [line] = done.stdout.strip().splitlines()
+    assert line.startswith("GPU SMOKE: FAIL (no Python at") and "make install-gpu" in line

@@ -1,0 +1,3 @@
+"""`ray._private`: the node address OpenRLHF asks for."""
+
+from . import services  # noqa: F401
