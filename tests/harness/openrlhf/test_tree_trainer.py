@@ -64,6 +64,7 @@ class CPUPolicyGroup:
         self.buffer: list = []
         self.fits: list[list] = []  # the micro-batches each fit trained on
         self.n_broadcasts = 0
+        self.n_schedule_advances = 0
         self.n_checkpoints = 0
 
     def async_run_method_batch(self, method_name, **kwargs):
@@ -110,6 +111,9 @@ class CPUPolicyGroup:
 
     def broadcast_to_vllm(self):
         self.n_broadcasts += 1
+
+    def advance_schedule(self):  # a step that kept no leaf (TreePolicyModelActor's method)
+        self.n_schedule_advances += 1
 
     def save_checkpoint(self, **kwargs):
         self.n_checkpoints += 1
