@@ -137,6 +137,9 @@ class CharTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
+    def decode(self, ids) -> str:  # EpisodeCodec.observation_after reads an action's text
+        return "".join(chr(i) for i in ids if i != self.bos_token_id)
+
 
 class ScriptedBackend:
     """Returns SEARCH, then ANSWER, per prefix; records what it was given."""
