@@ -945,7 +945,7 @@ def update_policy(
 ) -> dict[str, float]:
     """PPO epochs over the step's leaves: one optimizer step per epoch; returns the metrics.
 
-    The update phase of `train`, public so that `benchmarks.data_parallel` can drive it on
+    The update phase of `train`, public so that `benchmarks.perf.data_parallel` can drive it on
     fixed leaves. `leaves` is the step's global list, the same on every rank; each rank trains
     on its dealt share (`harness.distributed.deal`), normalised by the global token count, and
     the metrics are summed over the ranks, so N ranks report and step as one process would.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import bench
+from benchmarks.qa.cli import bench
 
 QUESTIONS = {
     "nq": [
@@ -124,7 +124,7 @@ def _comparable(report: dict) -> dict:
 def test_a_failed_run_writes_a_partial_report_and_resume_finishes_it_identically(
     flashrag: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import benchmarks.cli as cli
+    import benchmarks.qa.cli as cli
     from envs.errors import RetrievalFailedError
 
     fresh = flashrag / "fresh"
@@ -180,9 +180,9 @@ def test_resume_refuses_another_command_or_an_empty_folder(
 
 
 def test_recall_against_a_server_with_other_ids_is_unknown_not_zero() -> None:
-    from benchmarks.cli import _mark_unknown_recall
-    from benchmarks.evaluation import EpisodeRecord, Report
-    from benchmarks.report import markdown_table
+    from benchmarks.qa.cli import _mark_unknown_recall
+    from benchmarks.qa.evaluation import EpisodeRecord, Report
+    from benchmarks.qa.report import markdown_table
 
     class Server:  # like HTTPRetriever: no local documents
         index_id = "http-x"

@@ -8,8 +8,8 @@ import shlex
 
 import pytest
 
-from benchmarks import experiment
-from benchmarks.experiment import ExperimentConfig, RunSpec, main, run_specs
+from benchmarks.research import experiment
+from benchmarks.research.experiment import ExperimentConfig, RunSpec, main, run_specs
 from harness.metrics_log import read_metrics
 
 pytest.importorskip("openrlhf")

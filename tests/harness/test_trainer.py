@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks.data_parallel import tiny_model
 from envs import World, WorldConfig
 from harness.metrics_log import plot_run, read_metrics
 from harness.tiny_policy import EnvSettings
@@ -192,7 +191,7 @@ def _leaves():
     ]
 
 
-def _grads(micro_batch_size: int) -> dict[str, torch.Tensor]:
+def _grads(tiny_model, micro_batch_size: int) -> dict[str, torch.Tensor]:
     from harness.openrlhf.compat import openrlhf_losses
 
     class Capture:  # an optimizer step that keeps the gradients instead of applying them
@@ -217,14 +216,14 @@ def _grads(micro_batch_size: int) -> dict[str, torch.Tensor]:
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_micro_batches_add_up_to_the_full_batch_gradient():
-    whole, split = _grads(8), _grads(1)
+def test_micro_batches_add_up_to_the_full_batch_gradient(tiny_model):
+    whole, split = _grads(tiny_model, 8), _grads(tiny_model, 1)
     assert whole.keys() == split.keys()
     for name in whole:
         torch.testing.assert_close(whole[name], split[name], rtol=1e-4, atol=1e-7)
 
 
-def test_an_update_raises_the_log_prob_of_positively_advantaged_actions_only():
+def test_an_update_raises_the_log_prob_of_positively_advantaged_actions_only(tiny_model):
     from harness.openrlhf.compat import openrlhf_losses
     from harness.optimizers import TorchOptimizer
 

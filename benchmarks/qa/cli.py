@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.agents import (
+from benchmarks.qa.agents import (
     Agent,
     DecompositionOracle,
     HTTPAgent,
@@ -32,10 +32,10 @@ from benchmarks.agents import (
     ScriptedAgent,
     oracle_plans,
 )
-from benchmarks.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
-from benchmarks.errors import BenchmarkError, UnknownNameError
-from benchmarks.evaluation import EpisodeRecord, Report, evaluate
-from benchmarks.qa_datasets import (
+from benchmarks.qa.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
+from benchmarks.qa.errors import BenchmarkError, UnknownNameError
+from benchmarks.qa.evaluation import EpisodeRecord, Report, evaluate
+from benchmarks.qa.qa_datasets import (
     DatasetSource,
     FormatName,
     LoadedDataset,
@@ -44,8 +44,8 @@ from benchmarks.qa_datasets import (
     load_file,
     load_named,
 )
-from benchmarks.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
-from benchmarks.runs import VOLATILE, EpisodeStream, RunState, read_finished
+from benchmarks.qa.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
+from benchmarks.qa.runs import VOLATILE, EpisodeStream, RunState, read_finished
 from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.protocol import Protocol

@@ -12,7 +12,7 @@ index built once by `tracerl corpus`):
 3. once, for `naive`: a real `tracerl bench` process killed with SIGKILL once half its episodes
    are on disk, then resumed in a new process: same check.
 
-Run: `python -m benchmarks.bench_throughput --json` (`--limit 20` for a smoke test).
+Run: `python -m benchmarks.perf.bench_throughput --json` (`--limit 20` for a smoke test).
 """
 
 from __future__ import annotations
@@ -38,19 +38,19 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-import benchmarks.cli as cli
+import benchmarks.qa.cli as cli
 from benchmarks.meta import run_meta
 from envs.errors import RetrievalFailedError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 FILES = (
     "hotpotqa/hotpot_dev_distractor.rpt_sample500.hf.jsonl",
     "musique/musique_ans_v1.0_dev.migres200.jsonl",
     "2wikimultihopqa/2wiki_dev.migres164.jsonl",
 )
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -123,7 +123,7 @@ def fake_openai_server() -> Iterator[str]:
 
 
 class _Timed:
-    """Wraps `benchmarks.cli.evaluate`: times the episode loop, and can fail it part-way."""
+    """Wraps `benchmarks.qa.cli.evaluate`: times the episode loop, and can fail it part-way."""
 
     def __init__(self) -> None:
         self.real = cli.evaluate
@@ -226,7 +226,9 @@ def main(args: Args) -> dict[str, Any]:
     """Build the corpus once, then time each agent."""
     files = [args.data_dir / f for f in FILES if (args.data_dir / f).is_file()]
     if not files:
-        raise SystemExit(f"benchmarks.bench_throughput: no shared samples under {args.data_dir}")
+        raise SystemExit(
+            f"benchmarks.perf.bench_throughput: no shared samples under {args.data_dir}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     corpus_dir = args.out / "corpus"
     data = ["--data-file", *map(str, files), "--limit", str(args.limit)]

@@ -75,7 +75,7 @@ HEADLINE = ("trace", BASELINE)
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
-    """`python -m benchmarks.experiment`: TRACE vs the baselines at equal cost, with ablations."""
+    """`python -m benchmarks.research.experiment`: TRACE vs the baselines at equal cost."""
 
     name: str = "full"
     """Names the results files and the RESULTS.md section."""
@@ -309,7 +309,7 @@ def _evaluate(
     test_sets: dict[str, Any],
 ) -> dict[str, Any]:
     """EM, F1 and tokens per episode of one policy on every test set (same seed for all)."""
-    from benchmarks.evaluation import evaluate_policy_dir
+    from benchmarks.qa.evaluation import evaluate_policy_dir
 
     max_new_tokens = artifacts.config.eval.max_action_tokens
     out: dict[str, Any] = {}
@@ -935,7 +935,7 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         "effective_ratio": {m: c["effective_ratio"]["mean"] for m, c in main_leaves.items()},
     }
     _write_json(files["json"], result)
-    command = "python -m benchmarks.experiment " + " ".join(
+    command = "python -m benchmarks.research.experiment " + " ".join(
         shlex.quote(a) for a in sys.argv[1:] if a != "--json"
     )
     body = _markdown(result, command.strip())
@@ -978,8 +978,8 @@ def gpu_commands(config: ExperimentConfig) -> list[list[str]]:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """`python -m benchmarks.experiment [--quick] [--json] [--workers 2] ...`."""
-    config = tyro.cli(ExperimentConfig, args=argv, prog="python -m benchmarks.experiment")
+    """`python -m benchmarks.research.experiment [--quick] [--json] [--workers 2] ...`."""
+    config = tyro.cli(ExperimentConfig, args=argv, prog="python -m benchmarks.research.experiment")
     if config.backend == "openrlhf":
         commands = gpu_commands(config)
         for command in commands:

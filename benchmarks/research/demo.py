@@ -5,7 +5,7 @@
    `RUN_DIR/tiny_policy`, or a fresh build for another recipe);
 2. **before**: evaluate it at temperature 1 on the held-out questions of its world
    (`eval_samples` samples each) and on a world it never saw (`unseen_questions` x
-   `unseen_samples`), with `benchmarks.evaluation.evaluate` (what `tracerl bench` runs);
+   `unseen_samples`), with `benchmarks.qa.evaluation.evaluate` (what `tracerl bench` runs);
 3. **train**: RL with TRACE (`harness.trainer.train`; run directory `RUN_DIR/rl`; a finished run
    with the same config is reused, a killed one resumed), evaluating the held-out questions
    every `curve_every` steps for the learning curve;
@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.evaluation import Report, evaluate_policy_dir
-from benchmarks.report import write_reports
-from benchmarks.stats import bootstrap_mean, paired_difference, per_question_mean
+from benchmarks.qa.evaluation import Report, evaluate_policy_dir
+from benchmarks.qa.report import write_reports
+from benchmarks.qa.stats import bootstrap_mean, paired_difference, per_question_mean
 from envs.tasks import QATask
 
 __all__ = ["TEST_SETS", "DemoConfig", "demo", "run_demo", "summary_sentence"]

@@ -17,7 +17,7 @@ weight (1 vs 2 ranks); and, for the 2-rank run, the largest weight difference be
 uninterrupted run and one rebuilt from the first step's weights and optimizer state (the
 checkpoint path: under ZeRO the state is every rank's partition).
 
-Run: `python -m benchmarks.data_parallel --json`.
+Run: `python -m benchmarks.perf.data_parallel --json`.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def _launch(command: list[str], args: Args) -> float:
 def _worker_argv(args: Args, out: Path) -> list[str]:
     return [
         "-m",
-        "benchmarks.data_parallel",
+        "benchmarks.perf.data_parallel",
         "--worker",
         str(out),
         "--backends",

@@ -1,0 +1,1 @@
+"""The `tracerl bench` library: QA datasets, agents, evaluation, reports and statistics."""
