@@ -38,8 +38,9 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-import benchmarks.qa.cli as cli
 from benchmarks.meta import run_meta
+from benchmarks.qa import BenchConfig, BenchResult, EpisodeRecord, run_bench
+from benchmarks.qa.cli import corpus
 from envs.errors import RetrievalFailedError
 
 log = logging.getLogger(__name__)
@@ -122,27 +123,16 @@ def fake_openai_server() -> Iterator[str]:
 # --- timing ------------------------------------------------------------------------------------
 
 
-class _Timed:
-    """Wraps `benchmarks.qa.cli.evaluate`: times the episode loop, and can fail it part-way."""
+class _StopAfter:
+    """A `run_bench` episode hook that makes the retriever fail once `n` episodes are done."""
 
-    def __init__(self) -> None:
-        self.real = cli.evaluate
-        self.seconds = 0.0
-        self.stop_after: int | None = None
-        self.n = 0
+    def __init__(self, n: int | None) -> None:
+        self.n, self.seen = n, 0
 
-    def __call__(self, *args: Any, on_episode: Any, **kwargs: Any) -> Any:
-        def count(record: Any) -> None:
-            on_episode(record)
-            self.n += 1
-            if self.stop_after is not None and self.n >= self.stop_after:
-                raise RetrievalFailedError("benchmark: the retriever is made to fail here")
-
-        start = time.perf_counter()
-        try:
-            return self.real(*args, on_episode=count, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - start
+    def __call__(self, agent: str, record: EpisodeRecord) -> None:
+        self.seen += 1
+        if self.n is not None and self.seen >= self.n:
+            raise RetrievalFailedError("benchmark: the retriever is made to fail here")
 
 
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
@@ -160,31 +150,25 @@ def _same_report(a: Path, b: Path) -> bool:
     ) == (b / "trajectories.jsonl").read_text("utf-8")
 
 
-def _bench(args: list[str], timed: _Timed) -> tuple[int, float, float]:
-    """One in-process `tracerl bench`: (exit code, wall seconds, episode-loop seconds)."""
-    timed.seconds, timed.n = 0.0, 0
+def _bench(args: list[str], stop_after: int | None = None) -> tuple[BenchResult, float]:
+    """One in-process `tracerl bench` run (`run_bench`): its result and wall seconds."""
+    config = tyro.cli(BenchConfig, args=args, prog="tracerl bench")
     start = time.perf_counter()
-    code = cli.bench(args)
-    return code, time.perf_counter() - start, timed.seconds
+    result = run_bench(config, command=args, on_episode=_StopAfter(stop_after))
+    return result, time.perf_counter() - start
 
 
 def time_agent(agent: str, common: list[str], out: Path, n: int) -> dict[str, Any]:
     """Uninterrupted, then stopped half-way and resumed."""
-    timed = _Timed()
-    cli.evaluate = timed  # type: ignore[assignment]
-    try:
-        full = out / agent / "full"
-        code, wall, loop = _bench([*common, "--out", str(full)], timed)
-        assert code == 0, f"{agent}: exit {code}"
-        resumed = out / agent / "resumed"
-        timed.stop_after = n // 2
-        code, wall_stop, _ = _bench([*common, "--out", str(resumed)], timed)
-        assert code == 1, f"{agent}: the stopped run exited {code}"
-        timed.stop_after = None
-        code, wall_resume, _ = _bench([*common, "--out", str(resumed), "--resume"], timed)
-        assert code == 0, f"{agent}: the resumed run exited {code}"
-    finally:
-        cli.evaluate = timed.real  # type: ignore[assignment]
+    full = out / agent / "full"
+    uninterrupted, wall = _bench([*common, "--out", str(full)])
+    assert uninterrupted.finished, f"{agent}: {uninterrupted.failure}"
+    resumed = out / agent / "resumed"
+    stopped, wall_stop = _bench([*common, "--out", str(resumed)], stop_after=n // 2)
+    assert not stopped.finished, f"{agent}: the run that was to stop half-way finished"
+    result, wall_resume = _bench([*common, "--out", str(resumed), "--resume"])
+    assert result.finished, f"{agent}: the resumed run stopped: {result.failure}"
+    loop = uninterrupted.loop_s
     return {
         "episodes": n,
         "wall_s": round(wall, 3),
@@ -233,7 +217,7 @@ def main(args: Args) -> dict[str, Any]:
     corpus_dir = args.out / "corpus"
     data = ["--data-file", *map(str, files), "--limit", str(args.limit)]
     if not (corpus_dir / "bm25").is_dir():
-        assert cli.corpus([*data, "--out", str(corpus_dir)]) == 0
+        assert corpus([*data, "--out", str(corpus_dir)]) == 0
     base = [*data, "--index", str(corpus_dir / "bm25"), "--no-progress"]
     base += ["--concurrency", str(args.concurrency)]
     n = sum(

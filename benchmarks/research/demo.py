@@ -32,9 +32,14 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.qa.evaluation import Report, evaluate_policy_dir
-from benchmarks.qa.report import write_reports
-from benchmarks.qa.stats import bootstrap_mean, paired_difference, per_question_mean
+from benchmarks.qa import (
+    Report,
+    bootstrap_mean,
+    evaluate_policy_dir,
+    paired_difference,
+    per_question_mean,
+    write_reports,
+)
 from envs.tasks import QATask
 
 __all__ = ["TEST_SETS", "DemoConfig", "demo", "run_demo", "summary_sentence"]
