@@ -122,7 +122,7 @@ def train(argv: list[str]) -> int:
         return launch_openrlhf(argv)
     if backend != "transformers":
         raise SystemExit(f"tracerl train: --backend {backend!r}: choose transformers or openrlhf")
-    from harness.trainer import TrainConfig, load_config
+    from harness.config import TrainConfig, load_config
     from harness.trainer import train as run_training
 
     config = tyro.cli(TrainConfig, args=argv, prog="tracerl train")

@@ -114,6 +114,23 @@ def test_every_command_resolves_to_a_function_where_the_table_allows() -> None:
     assert not problems, "tracerl commands that do not resolve:\n" + "\n".join(problems)
 
 
+def test_the_two_trainers_share_harness_modules_but_do_not_import_each_other() -> None:
+    """harness.openrlhf builds on the harness; the harness (but the `tracerl` router) does not
+    import it, and it does not import the CPU trainer: shared pieces live in harness.config,
+    harness.metrics_log and harness.openrlhf_compat."""
+    violations = []
+    for path in _modules("harness"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules = _imported_modules(path)
+        if name.startswith("harness.openrlhf."):
+            violations += [f"{name} imports {m}" for m in modules if m == "harness.trainer"]
+        elif name != "harness.cli":
+            violations += [
+                f"{name} imports {m}" for m in modules if m.startswith("harness.openrlhf.")
+            ]
+    assert not violations, "arrows between the trainers:\n" + "\n".join(violations)
+
+
 def test_trace_alloc_stays_pure() -> None:
     violations = [
         f"{path.relative_to(ROOT)} imports {root}"

@@ -38,10 +38,11 @@ import torch
 import tyro
 
 from benchmarks.meta import run_meta
+from harness.config import LossConfig, OptimConfig, TrainConfig
 from harness.distributed import Ranks, init_from_env
-from harness.openrlhf.compat import openrlhf_losses
+from harness.openrlhf_compat import openrlhf_losses
 from harness.optimizers import make_optimizer
-from harness.trainer import LossConfig, OptimConfig, TrainConfig, update_policy
+from harness.trainer import update_policy
 from trace_alloc import TokenAdvantages
 
 BACKENDS: dict[str, tuple[str, int]] = {

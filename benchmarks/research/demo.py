@@ -163,7 +163,7 @@ def summary_sentence(record: dict[str, Any]) -> str:
 
 
 def _train_config(config: DemoConfig, artifacts: Any) -> Any:
-    from harness.trainer import (
+    from harness.config import (
         AllocConfig,
         BudgetConfig,
         EvalConfig,
@@ -216,9 +216,10 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     Raises:
         FileExistsError: `RUN_DIR/rl` holds a run with another config (use `force`).
     """
+    from harness.config import load_config
     from harness.metrics_log import plot_learning_curve, plot_run
     from harness.tiny_policy import TinyPolicyConfig, init_model
-    from harness.trainer import load_config, train
+    from harness.trainer import train
 
     times: dict[str, float] = {}
     start = time.perf_counter()

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from harness.distributed import Ranks, ShardedExecutor, check_same_across_ranks, deal
-from harness.trainer import ResumeError, _rank_engine_rng
+from harness.errors import ResumeError
+from harness.trainer import _rank_engine_rng
 from trace_alloc import RolloutRequest
 
 ROOT = Path(__file__).resolve().parents[2]
