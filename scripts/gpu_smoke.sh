@@ -88,7 +88,7 @@ MODE=()
 timeout "$TIMEOUT_S" "$PYTHON" -m harness.cli train --backend openrlhf \
   --retriever "$RUN/data/index" --run-dir "$RUN" --seed 0 \
   --env-from-policy --env.reward em "${MODE[@]}" "${ARGS[@]}" \
-  alloc:trace --alloc.continuations-per-rollout 1 -- \
+  --alloc.name trace --alloc.trace.continuations-per-rollout 1 -- \
   --actor.model_name_or_path "$POLICY" \
   --data.prompt_dataset "$RUN/data/train.jsonl" --data.max_samples $((8 * STEPS)) \
   --eval.dataset "$RUN/data/eval.jsonl" --eval.steps "$STEPS" --eval.temperature 0 \

@@ -342,7 +342,7 @@ def check_args(out: Path, zero_stage: int, device: str) -> list[str]:
     return [
         *("--retriever", str(data / "index"), "--run-dir", str(out / "run"), "--seed", "0"),
         *("--env-from-policy", "--env.reward", "em"),
-        *("alloc:trace", "--alloc.continuations-per-rollout", "1", "--"),
+        *("--alloc.name", "trace", "--alloc.trace.continuations-per-rollout", "1", "--"),
         *("--actor.model_name_or_path", str(POLICY)),
         *("--data.prompt_dataset", str(data / "train.jsonl"), "--data.max_samples", str(PROMPTS)),
         *("--data.max_len", "1024", "--rollout.max_new_tokens", "48"),
@@ -583,7 +583,7 @@ def main(args: Args) -> dict[str, Any]:
         f"not installed here: {', '.join(missing)}; add their wheels to the folder "
         "(docs/openrlhf.md, 'The one-GPU trainer check')",
     )
-    from harness.openrlhf.compat import ensure_flash_attn
+    from harness.openrlhf_compat import ensure_flash_attn
 
     ensure_flash_attn()
     import torch

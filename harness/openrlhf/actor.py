@@ -22,9 +22,9 @@ subclass, which adds no state.
 
 from __future__ import annotations
 
-from harness.openrlhf.compat import ensure_flash_attn
+from harness.openrlhf_compat import ensure_flash_attn
 
-ensure_flash_attn()  # openrlhf.trainer.ray.ppo_actor imports openrlhf.models; see compat.py
+ensure_flash_attn()  # openrlhf.trainer.ray.ppo_actor imports openrlhf.models (openrlhf_compat.py)
 
 import contextlib  # noqa: E402
 from collections.abc import Iterator  # noqa: E402

@@ -109,7 +109,7 @@ def _check_version() -> None:
 
 
 def _with_defaults(argv: Sequence[str]) -> list[str]:
-    from harness.openrlhf.compat import flash_attn_installed
+    from harness.openrlhf_compat import flash_attn_installed
 
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
     defaults = dict(OPENRLHF_DEFAULTS)
@@ -136,7 +136,7 @@ def parse_openrlhf_args(argv: Sequence[str]) -> Any:
         SystemExit: argparse's answer to a bad flag or `--help` (usage printed by argparse).
     """
     _check_version()
-    from harness.openrlhf.compat import ensure_flash_attn
+    from harness.openrlhf_compat import ensure_flash_attn
 
     ensure_flash_attn()
     import openrlhf.cli.train_ppo_ray as script
@@ -234,7 +234,7 @@ def check_openrlhf_args(args: Any) -> None:
             f"{ref_layout[1]}, actor {actor_layout[0]} x {actor_layout[1]} (they share one "
             "placement group)"
         )
-    from harness.openrlhf.compat import flash_attn_installed
+    from harness.openrlhf_compat import flash_attn_installed
 
     if not flash_attn_installed():
         if args.ds.attn_implementation.startswith("flash_attention"):
@@ -404,14 +404,14 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
     Every Ray worker (model actors, vLLM engines, the trainer) gets OpenRLHF's environment
     defaults where `environ` does not set them. Without flash-attn installed, every worker also
-    runs `harness.openrlhf.compat.ensure_flash_attn` before anything else (Ray's worker set-up
+    runs `harness.openrlhf_compat.ensure_flash_attn` before anything else (Ray's worker set-up
     hook): OpenRLHF's model actors import `openrlhf.models`, which imports flash-attn's helpers
     at module level, and they never import trace-rl's modules that would install the stand-in.
 
     Args:
         environ: The driver's environment (`os.environ`).
     """
-    from harness.openrlhf.compat import flash_attn_installed
+    from harness.openrlhf_compat import flash_attn_installed
 
     defaults = {
         "TOKENIZERS_PARALLELISM": "true",
@@ -420,7 +420,7 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
     }
     runtime_env: dict[str, Any] = {"env_vars": {k: environ.get(k, v) for k, v in defaults.items()}}
     if not flash_attn_installed():
-        runtime_env["worker_process_setup_hook"] = "harness.openrlhf.compat.ensure_flash_attn"
+        runtime_env["worker_process_setup_hook"] = "harness.openrlhf_compat.ensure_flash_attn"
     return runtime_env
 
 
@@ -463,7 +463,7 @@ def run_size(config: TreeTrainConfig, args: Any) -> str:
         f"{leaves} leaves" if config.currency == "leaves" else f"{config.tokens_per_step} tokens"
     )
     return (
-        f"{args.actor.model_name_or_path}: {type(config.alloc).__name__} allocator, "
+        f"{args.actor.model_name_or_path}: {type(config.alloc.build()).__name__} allocator, "
         f"{config.advantage} advantages, {args.rollout.batch_size} prompts and {budget} per step, "
         f"samples padded to a multiple of {batch_unit(args)}; "
         f"actor {args.actor.num_nodes}x{args.actor.num_gpus_per_node} GPUs "

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 from harness.errors import HarnessError
-from harness.openrlhf.compat import flash_attn_installed
 from harness.openrlhf.launcher import (
     check_openrlhf_args,
     parse_args,
     parse_openrlhf_args,
     ray_runtime_env,
 )
+from harness.openrlhf_compat import flash_attn_installed
 
 ROOT = Path(__file__).resolve().parents[3]
 WARM_START = ROOT / "harness" / "tiny_policy" / "warm_start"
