@@ -5,7 +5,9 @@ lines) and its e5 index (`e5_Flat.index`: a flat inner-product faiss index whose
 corpus's line i, passages embedded as `passage: <contents>` with mean pooling and unit norm).
 `PrebuiltRetriever` serves such a pair as it is:
 
-- the faiss file is memory-mapped (`IO_FLAG_MMAP`), so it is paged in on demand;
+- the faiss file is memory-mapped (`retrieval.faiss_files.read_index`: `IO_FLAG_MMAP_IFC` for
+  flat and HNSW files, `IO_FLAG_MMAP` for IVF lists), so its pages come in on demand as page
+  cache, which the OS can evict, instead of filling anonymous memory;
 - the corpus is never loaded: `CorpusLines` keeps one int64 byte offset per line in a sidecar
   `<corpus>.offsets.npy` (built once by one streaming pass, 168 MB for wiki-18, memory-mapped),
   and reads a hit's line with `os.pread`. A 21M-passage corpus therefore costs the index's
@@ -33,6 +35,7 @@ import numpy as np
 from retrieval.base import Document, Hit, check_k, check_queries
 from retrieval.encoder import resolve_model_dir
 from retrieval.errors import EncoderError, IndexFormatError, IndexMismatchError
+from retrieval.faiss_files import read_index
 from retrieval.manifest import IndexManifest
 
 __all__ = ["CorpusLines", "PooledEncoder", "Pooling", "PrebuiltRetriever"]
@@ -252,7 +255,7 @@ class PrebuiltRetriever:
         corpus_path: the corpus JSONL the index was built over, in the same order.
         encoder: the query encoder (e.g. `PooledEncoder("e5-base-v2", pooling="mean")`).
         query_prefix: prepended to every query (e5: `"query: "`).
-        mmap: memory-map the faiss file (flat and IVF indexes) instead of reading it.
+        mmap: memory-map the faiss file (flat, HNSW and IVF indexes) instead of reading it.
         offsets_path: see `CorpusLines`.
 
     Raises:
@@ -271,17 +274,11 @@ class PrebuiltRetriever:
         mmap: bool = True,
         offsets_path: str | Path | None = None,
     ) -> None:
-        import faiss
-
         self.index_path = Path(index_path)
         if not self.index_path.is_file():
             raise IndexFormatError(f"faiss index {self.index_path} is not a file")
         self.corpus = CorpusLines(corpus_path, offsets_path=offsets_path)
-        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
-        try:
-            self._index = faiss.read_index(str(self.index_path), flags)
-        except RuntimeError as err:
-            raise IndexFormatError(f"{self.index_path}: faiss cannot read it ({err})") from err
+        self._index = read_index(self.index_path, mmap=mmap)
         if self._index.ntotal != len(self.corpus):
             raise IndexMismatchError(
                 f"{self.index_path} holds {self._index.ntotal} vectors but {self.corpus.path} "
