@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import hashlib
 import mmap
 import os
 import struct
@@ -33,7 +34,14 @@ import numpy as np
 
 from retrieval.errors import IndexFormatError
 
-__all__ = ["PAGE_BYTES", "FlatVectors", "index_fourcc", "read_index"]
+__all__ = [
+    "PAGE_BYTES",
+    "FlatVectors",
+    "file_fingerprint",
+    "index_fourcc",
+    "read_index",
+    "resident_pages",
+]
 
 PAGE_BYTES = mmap.PAGESIZE
 _IVF_TAGS = (b"Iw", b"Iv")  # faiss's four-byte tags of IVF indexes: IwFl, IwPQ, IwSq, IvFl, ...
@@ -41,6 +49,22 @@ _FLAT_TAGS = {b"IxFI": "inner_product", b"IxF2": "l2"}
 # fourcc, d (int32), ntotal (int64), two unused int64, is_trained (bool), metric_type (int32)
 _HEADER = struct.Struct("<4siqqq?i")
 _COUNT = struct.Struct("<Q")  # the code vector's length, in floats
+_SAMPLE_BYTES = 1 << 20  # head and tail bytes hashed into a file's fingerprint
+
+
+def file_fingerprint(path: Path) -> str:
+    """SHA-256 of a file's size, first MiB and last MiB (16 hex digits).
+
+    Hashing all of a 64 GB file would take minutes at every start; size plus both ends tells
+    two different builds apart in practice.
+    """
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with path.open("rb") as handle:
+        digest.update(handle.read(_SAMPLE_BYTES))
+        handle.seek(max(0, size - _SAMPLE_BYTES))
+        digest.update(handle.read(_SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
 
 
 def index_fourcc(path: str | Path) -> bytes:

@@ -1,0 +1,1 @@
+"""Speed and reliability benchmarks: `python -m benchmarks.perf.<name>`."""
