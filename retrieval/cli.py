@@ -342,8 +342,8 @@ def _serve_retriever(config: ServeConfig) -> Any:
         raise ValueError("--nprobe and --k-factor go with --compressed DIR")
     if (config.index is None) == (config.faiss_index is None):
         raise ValueError(
-            "pass either --index DIR, --faiss-index FILE --corpus FILE, or --compressed DIR "
-            "--corpus FILE"
+            "pass either --index DIR or --faiss-index FILE --corpus FILE (or --compressed DIR "
+            "--corpus FILE)"
         )
     if config.index is not None:
         from retrieval.indexes import load_index

@@ -90,7 +90,9 @@ def int8_session(
                     dynamo=False,
                 )
                 partial = Path(tmp) / path.name
-                quantize_dynamic(str(fp32), str(partial), weight_type=QuantType.QInt8)
+                quantize_dynamic(
+                    str(fp32), str(partial), weight_type=QuantType.QInt8, per_channel=True
+                )
             except Exception as err:  # the exporter raises many types; one clear message
                 raise EncoderError(f"cannot export the encoder to ONNX: {err!r}") from err
             partial.replace(path)  # a cached file is always complete

@@ -144,20 +144,18 @@ def test_pq_fast_scan_with_rerank_finds_the_top_10(tmp_path: Path) -> None:
     # pq192fs splits the vectors into 192 parts: 192-d here, one dimension per 4-bit code
     rng = np.random.default_rng(2)
     centres = rng.standard_normal((40, 192))
-    x = _unit(centres[rng.integers(0, 40, 4_000)] + 0.5 * rng.standard_normal((4_000, 192)))
+    x = _unit(centres[rng.integers(0, 40, 1_500)] + 0.5 * rng.standard_normal((1_500, 192)))
     q = _unit(x[:40] + 0.2 * rng.standard_normal((40, 192)))
     flat = faiss.IndexFlatIP(192)
     flat.add(x)
     faiss.write_index(flat, str(tmp_path / "flat.index"))
     out = tmp_path / "pq"
-    config = CompressConfig(
-        preset="pq192fs", nlist=10, search=SearchDefaults(nprobe=10, k_factor=0)
-    )
+    config = CompressConfig(preset="pq192fs", nlist=5, search=SearchDefaults(nprobe=5, k_factor=0))
     compress_flat_index(tmp_path / "flat.index", out, config)
     _, exact = exact_top_k(x, q, 10)
 
     def recall(k_factor: int) -> float:
-        index = CompressedIndex(out, search=SearchDefaults(nprobe=10, k_factor=k_factor))
+        index = CompressedIndex(out, search=SearchDefaults(nprobe=5, k_factor=k_factor))
         ids = index.search(q, 10)[1]
         return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact, strict=True)]))
 
