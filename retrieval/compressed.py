@@ -13,10 +13,11 @@ passage:
    defaults).
 
 Peak memory of the build is about
-`4·d·n_train + n·(code_bytes + 8) + 4·d·nlist·(1 + 2·hnsw_m/d) + 3·4·d·chunk_rows`: the training
-sample, the growing index (codes and 8-byte ids), the centroids with their graph, and a chunk
-with faiss's temporaries. For wiki-18 with the default preset (21.0M rows, `nlist` 65,536,
-30 training points per cell, 48-byte codes) that is 6.0 + 1.18 + 0.21 + 0.13 GB, about 7.5 GB.
+`4·d·n_train + n·(code_bytes + 8) + 4·d·nlist·(1 + 2·hnsw_m/d) + 3·4·d·chunk_rows` bytes: the
+training sample, the growing index (codes and 8-byte ids), the centroids with their graph, and a
+chunk with faiss's temporaries (faiss trains the codes on a subsample of at most a few thousand
+rows, so they add little). For wiki-18 with the default preset (21.0M rows, `nlist` 65,536,
+30 training rows per cell, 96-byte codes) that is 6.0 + 2.2 + 0.2 + 0.6 GB, about 9 GB.
 
 `CompressedIndex` serves it: the IVF codes are in memory (the bytes each query reads), and the
 `k·k_factor` best candidates of each query are re-scored exactly from the flat file, memory-mapped
@@ -85,7 +86,7 @@ class SearchDefaults:
 
     nprobe: int = 64
     """IVF cells scanned per query"""
-    k_factor: int = 8
+    k_factor: int = 16
     """candidates re-ranked exactly from the flat file, per hit asked for (0: no re-rank)"""
     ef_search: int = 0
     """HNSW candidate list over the centroids (or over the vectors for hnsw-sq8); 0 picks
@@ -105,8 +106,8 @@ class SearchDefaults:
 class CompressConfig:
     """How `compress_flat_index` builds."""
 
-    preset: Preset = "pq96fs"
-    """the index family (`PRESETS`)"""
+    preset: Preset = "pq192fs"
+    """the index family (`PRESETS`; docs/decisions.md D21 says why pq192fs)"""
     nlist: int = 0
     """IVF cells; 0 picks n / 320 (65,536 for wiki-18), so that lists hold about 320 rows"""
     train_per_list: int = 30

@@ -123,6 +123,8 @@ class Args:
     """layers of the e5-shaped encoder timed (12 = e5-base-v2)"""
     refit: Path | None = None
     """instead of measuring: read a saved --json result and print its build-time model"""
+    plot: Path | None = None
+    """draw recall against nprobe and the fitted nprobe law to this PNG"""
     quick: bool = False
     """a smoke test: 50k rows, 200 queries, two presets, 300 real paragraphs, a 2-layer encoder"""
     json: bool = False
@@ -835,6 +837,43 @@ def build_time_model(result: dict[str, Any], preset: str) -> dict[str, Any]:
     }
 
 
+def plot_result(result: dict[str, Any], path: Path) -> None:
+    """Recall against nprobe at the largest N; goal nprobe against N with its law to 21.0M."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    headline = result["headline_difficulty"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    last = result["sizes"][-1]
+    for preset, entry in last["presets"].items():
+        curve = entry["by_difficulty"][headline]["curve"]
+        left.plot([c["nprobe"] for c in curve], [c["recall10"] for c in curve], "o-", label=preset)
+    left.axhline(GOAL_RECALL, color="grey", lw=0.8, ls="--")
+    left.set(xscale="log", xlabel="nprobe", ylabel="10-recall@10 vs exact flat",
+             title=f"N = {last['n']:,}, {headline}, k_factor per preset")  # fmt: skip
+    left.legend(fontsize=8)
+    for preset, fit in result["extrapolation"].items():
+        law = fit.get("nprobe_law")
+        if not law:
+            continue
+        ns = np.array([int(n) for n in law["nprobe_at"]], dtype=float)
+        (line,) = right.plot(ns, list(law["nprobe_at"].values()), "o", label=preset)
+        grid = np.geomspace(ns.min(), WIKI18_ROWS, 50)
+        right.plot(grid, law["a"] * (grid / 1e6) ** law["b"], "-", color=line.get_color())
+        lo_hi = fit.get("nprobe_21m_p05_p95")
+        if lo_hi:
+            mid = fit["nprobe_21m"]
+            bar = [[mid - lo_hi[0]], [lo_hi[1] - mid]]
+            right.errorbar([WIKI18_ROWS], [mid], yerr=bar, fmt="s", color=line.get_color())
+    right.set(xscale="log", yscale="log", xlabel="rows N", ylabel="nprobe for recall@10 >= 0.98",
+              title="fitted power law, extrapolated to 21.0M (5-95 % bootstrap)")  # fmt: skip
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def _valid(ids: np.ndarray) -> np.ndarray:
     return ids[ids >= 0]
 
@@ -914,9 +953,13 @@ if __name__ == "__main__":
     if parsed.refit is not None:
         saved = json.loads(parsed.refit.read_text().splitlines()[-1])
         model = build_time_model(saved, saved["default_preset"])
+        if parsed.plot is not None:
+            plot_result(saved, parsed.plot)
         print(json.dumps(model, indent=1 if not parsed.json else None), flush=True)
         sys.exit(0)
     out = main(parsed)
+    if parsed.plot is not None:
+        plot_result(out, parsed.plot)
     print_table(out)
     if parsed.json:
         print(json.dumps(out, sort_keys=True, default=float), flush=True)

@@ -261,3 +261,30 @@ def test_the_cli_compresses_and_measures(tmp_path: Path, flat_file: Path, querie
     )  # fmt: skip
     assert stats.returncode == 0, stats.stderr[-2000:]
     assert json.loads(stats.stdout.splitlines()[-1])["n_vectors"] == N
+
+
+def test_serve_retriever_flags_open_a_compressed_index(tmp_path: Path) -> None:
+    from retrieval.cli import ServeConfig, _serve_retriever
+
+    rng = np.random.default_rng(3)
+    x = _unit(rng.standard_normal((2_000, 384)))  # the packaged MiniLM's dimension
+    flat = faiss.IndexFlatIP(384)
+    flat.add(x)
+    faiss.write_index(flat, str(tmp_path / "flat.index"))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "contents": f"p{i}"}) + "\n" for i in range(2_000))
+    )
+    out = tmp_path / "sq8"
+    compress_flat_index(tmp_path / "flat.index", out, CompressConfig(preset="sq8", nlist=4))
+    with pytest.raises(ValueError, match="needs --corpus"):
+        _serve_retriever(ServeConfig(compressed=out))
+    with pytest.raises(ValueError, match="two different indexes"):
+        _serve_retriever(ServeConfig(compressed=out, index=tmp_path, corpus=corpus))
+    with pytest.raises(ValueError, match="go with --compressed"):
+        _serve_retriever(ServeConfig(faiss_index=tmp_path / "flat.index", corpus=corpus, nprobe=4))
+    served = _serve_retriever(ServeConfig(compressed=out, corpus=corpus, nprobe=4, k_factor=2))
+    assert served.manifest.params["search"]["nprobe"] == 4
+    assert served.manifest.params["search"]["k_factor"] == 2
+    hits = served.search(["anything at all"], 3)[0]
+    assert len(hits) == 3 and hits[0].score >= hits[1].score >= hits[2].score
