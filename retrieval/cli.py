@@ -119,7 +119,7 @@ class CompressCommand:
     nprobe: int = 0
     """the served default of cells scanned per query; 0 picks the fitted value for the row
     count (docs/decisions.md D21)"""
-    k_factor: int = 16
+    k_factor: int = 32
     """the served default of candidates re-ranked exactly per hit asked for"""
     threads: int | None = None
     """faiss threads (None: one per core); the build's k-means depends on it"""

@@ -86,7 +86,7 @@ class SearchDefaults:
 
     nprobe: int = 64
     """IVF cells scanned per query"""
-    k_factor: int = 16
+    k_factor: int = 32
     """candidates re-ranked exactly from the flat file, per hit asked for (0: no re-rank)"""
     ef_search: int = 0
     """HNSW candidate list over the centroids (or over the vectors for hnsw-sq8); 0 picks
@@ -458,11 +458,12 @@ def rerank(
     return out_scores, out_ids
 
 
-# nprobe(N) = NPROBE_SCALE · (N / 1e6) ** NPROBE_POWER: the smallest nprobe that kept
-# 10-recall@10 >= 0.98 against exact flat at N = 0.25M..2M, fitted as a power law
-# (benchmarks/perf/retrieval_scale.py; docs/decisions.md D21 has the fit and its spread).
-NPROBE_SCALE = 16.0
-NPROBE_POWER = 0.5
+# nprobe(N) = NPROBE_SCALE · (N / 1e6) ** NPROBE_POWER: pq192fs with k_factor 32 met
+# 10-recall@10 >= 0.98 at 1M rows with nprobe 48, and the goal nprobe grew in proportion to N
+# from 0.25M to 1M for sq8 and rabitq3 (benchmarks/perf/retrieval_scale.py); beyond 1M this is
+# an extrapolation (docs/decisions.md D21).
+NPROBE_SCALE = 48.0
+NPROBE_POWER = 1.0
 
 
 def fitted_nprobe(n: int) -> int:
