@@ -23,7 +23,7 @@ __all__ = ["COMMANDS", "main"]
 # name -> (entry point, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": (
-        "benchmarks.demo:demo",
+        "benchmarks.research.demo:demo",
         "main job: world, tiny policy, TRACE training, before/after eval",
     ),
     "demo-env": ("envs.cli:demo_env", "run the scripted agents on the default synthetic world"),
@@ -36,10 +36,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "retrieval.cli:serve_retriever",
         "serve an index over Search-R1's HTTP API",
     ),
-    "bench": ("benchmarks.cli:bench", "evaluate an agent on a QA dataset (EM / sub-EM / F1)"),
-    "corpus": ("benchmarks.cli:corpus", "build a retrieval corpus from datasets' paragraphs"),
+    "bench": ("benchmarks.qa.cli:bench", "evaluate an agent on a QA dataset (EM / sub-EM / F1)"),
+    "corpus": ("benchmarks.qa.cli:corpus", "build a retrieval corpus from datasets' paragraphs"),
     "tree": (
-        "benchmarks.tree_view:tree",
+        "benchmarks.qa.tree_view:tree",
         "render a rollout tree as text or a picture (`tree show`)",
     ),
     "init-model": ("harness.cli:init_model", "train the tokenizer and warm-start the tiny policy"),
@@ -125,7 +125,7 @@ def train(argv: list[str]) -> int:
         return launch_openrlhf(argv)
     if backend != "transformers":
         raise SystemExit(f"tracerl train: --backend {backend!r}: choose transformers or openrlhf")
-    from harness.trainer import TrainConfig, load_config
+    from harness.config import TrainConfig, load_config
     from harness.trainer import train as run_training
 
     config = tyro.cli(TrainConfig, args=argv, prog="tracerl train")

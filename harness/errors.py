@@ -8,6 +8,7 @@ __all__ = [
     "EndpointRejected",
     "EngineTimeoutError",
     "HarnessError",
+    "ResumeError",
 ]
 
 
@@ -29,3 +30,7 @@ class ContextLengthExceeded(EndpointRejected):
 
 class EngineTimeoutError(HarnessError, TimeoutError):
     """Generation engines did not answer within their timeout (a hung vLLM engine)."""
+
+
+class ResumeError(HarnessError, ValueError):
+    """`resume=True` on a run with no checkpoint, or a fresh run over an existing one."""

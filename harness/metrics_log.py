@@ -18,13 +18,64 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["PANELS", "MetricsLog", "plot_run", "read_metrics"]
+import numpy as np
+
+if TYPE_CHECKING:
+    from trace_alloc import StepResult
+
+__all__ = ["PANELS", "MetricsLog", "plot_run", "read_metrics", "rollout_metrics"]
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def rollout_metrics(result: StepResult) -> dict[str, float]:
+    """Contrast, outcome and behaviour statistics of one step's trees.
+
+    One definition of the `rollout/*` keys, shared by the CPU and the OpenRLHF trainers.
+
+    Args:
+        result: One rollout step's trees and allocation statistics.
+
+    Returns:
+        The `rollout/*` metrics, NaN where a step has nothing to average.
+    """
+    stats = result.stats
+    rewards, ems, lengths, searches, turns = [], [], [], [], []
+    n_actions = n_valid = n_failed = 0
+    for tree in result.trees:
+        for node in tree.nodes[1:]:  # every generated turn once
+            n_actions += 1
+            n_valid += bool(node.turn.info.get("valid_action", False))
+        for leaf in tree.leaves():
+            path = [tree.nodes[n].turn for n in tree.path(leaf)[1:]]
+            rewards.append(tree.nodes[leaf].reward)
+            ems.append(float(path[-1].info.get("em", 0.0)))
+            lengths.append(sum(t.n_tokens for t in path))
+            searches.append(sum(t.n_tool_calls for t in path))
+            turns.append(len(path))
+            n_failed += path[-1].info.get("end") == "failed"
+    mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
+    return {
+        "rollout/reward": mean(rewards),
+        "rollout/accuracy": mean(ems),
+        "rollout/effective_ratio": stats.effective_ratio,
+        "rollout/n_active_prompts": stats.n_active,
+        "rollout/n_mixed_prompts": stats.n_mixed,
+        "rollout/mixed_anchors": stats.n_mixed_anchors,
+        "rollout/mixed_prefix_anchors": stats.n_mixed_prefix_anchors,
+        "rollout/prefix_anchors": stats.n_prefix_anchors,
+        "rollout/n_train_prompts": len(result.train_indices),
+        "rollout/response_length": mean(lengths),
+        "rollout/turns_per_episode": mean(turns),
+        "rollout/searches_per_episode": mean(searches),
+        "rollout/valid_action_rate": n_valid / n_actions if n_actions else float("nan"),
+        "rollout/waves": len(result.waves),
+        "rollout/failed_episodes": n_failed,
+    }
 
 
 class MetricsLog:

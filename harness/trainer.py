@@ -1,7 +1,9 @@
 """The CPU trainer: TRACE tree rollouts and OpenRLHF's PolicyLoss, in one process, one file.
 
-Read it top to bottom, as CleanRL's `ppo.py`: the config, then `train`, whose loop runs the
-phases of a step in order:
+Read it top to bottom, as CleanRL's `ppo.py`: `train` sets the run up (`set_up`, which builds
+the run's parts from a `harness.config.TrainConfig`; `build_tasks` is where the questions and
+the corpus come from), continues a checkpoint (`resume`), then loops over the steps, whose
+phases run in order (`_step`):
 
 1. **data**: take the next `pool_size` prompts of the train split (a seeded, resumable cursor);
 2. **rollout**: `TreeRolloutEngine.run_step` lets the allocator spend exactly the step's budget
@@ -13,7 +15,9 @@ phases of a step in order:
    (observations masked), plus `compute_approx_kl` against the frozen start policy when
    `loss.kl_coef > 0`; one optimizer step per step (and per PPO epoch);
 6. **log and checkpoint**: one JSON record per step (`metrics.jsonl`, TensorBoard) and an
-   atomic checkpoint every `checkpoint_every` steps, from which `resume=True` continues exactly.
+   atomic checkpoint every `checkpoint_every` steps, from which `resume=True` continues exactly;
+
+and saves the trained policy.
 
 Under `torchrun --nproc_per_node N` the same loop runs data-parallel: rollouts are sharded by
 rank wave by wave, leaves are dealt to ranks, the loss is the global token mean, and only rank 0
@@ -33,19 +37,19 @@ import logging
 import math
 import random
 import time
-import typing
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from envs import TaskSet, World, WorldConfig
+from envs import TaskSet, World
 from harness.backends import SamplingParams, TransformersBackend
-from harness.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from harness.checkpoint import LoadedCheckpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from harness.config import CONFIG_FILE, OptimConfig, TaskConfig, TrainConfig
 from harness.distributed import (
     ONE_PROCESS,
     Ranks,
@@ -58,326 +62,30 @@ from harness.distributed import (
 )
 from harness.engine import TreeRolloutEngine
 from harness.episodes import EpisodeCodec, evaluate_policy
-from harness.errors import HarnessError
-from harness.metrics_log import MetricsLog
-from harness.openrlhf.compat import openrlhf_losses
+from harness.errors import HarnessError, ResumeError
+from harness.metrics_log import MetricsLog, rollout_metrics
+from harness.openrlhf_compat import openrlhf_losses
 from harness.optimizers import make_optimizer
-from harness.tiny_policy.config import EnvSettings, default_world_config
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE, is_hard
+from retrieval import Retriever
 from retrieval.bm25 import BM25Retriever
 from retrieval.cache import CachedRetriever
 from trace_alloc import (
-    ALLOCATORS,
-    AllocatorName,
+    Allocator,
     BudgetLimit,
-    HashedNgramFeaturizer,
-    MemoryPredictor,
-    MLPPredictor,
+    Predictor,
     Spend,
     StepResult,
     learn_from_step,
-    make_allocator,
     tree_advantages,
 )
 
-__all__ = [
-    "AllocConfig",
-    "BudgetConfig",
-    "ConstantPredictor",
-    "EvalConfig",
-    "LossConfig",
-    "OptimConfig",
-    "PredictorConfig",
-    "RolloutConfig",
-    "TaskConfig",
-    "TrainConfig",
-    "TrainSummary",
-    "config_from_dict",
-    "load_config",
-    "make_predictor",
-    "rollout_metrics",
-    "train",
-    "update_policy",
-]
+__all__ = ["DataCursor", "Tasks", "TrainSummary", "build_tasks", "resume", "set_up", "train",
+           "update_policy"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
-CONFIG_FILE = "config.json"
 SUMMARY_FILE = "summary.json"
-
-
-# --- configuration ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskConfig:
-    """The questions, the corpus and the env (the synthetic world by default)."""
-
-    world_seed: int = 0
-    """Seed of the synthetic world (its questions and its BM25-indexed corpus)."""
-    world: WorldConfig = field(default_factory=default_world_config)
-    """Size and difficulty of the world; must match what the policy was warm-started on (a
-    policy built by `tracerl init-model` records it, and a mismatch is an error)."""
-    train_split: Literal["train", "all"] = "train"
-    """Questions the data cursor walks over."""
-    eval_split: Literal["dev", "test", "test_entities", "heldout"] = "dev"
-    """Held-out questions for `eval` (`heldout`: test, then test_entities)."""
-    questions: Literal["all", "hard"] = "all"
-    """`hard`: only 3-4-hop bridges, comparisons and inference questions (train and eval)."""
-    env: EnvSettings = field(default_factory=EnvSettings)
-    """Turn limit, documents per search, prompt: the policy's own env settings."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class AllocConfig:
-    """Which allocator spends the budget; `None` knobs keep the allocator's own default.
-
-    Setting a knob the chosen allocator does not have is an error, not a silent no-op.
-    """
-
-    name: AllocatorName = "trace"
-    """One of `trace_alloc.ALLOCATORS`: uniform (GRPO), dynamic_sampling (DAPO),
-    prompt_predictor, random_tree (Tree-GRPO), entropy_tree, trace."""
-    group_size: int | None = None
-    """G: rollouts per prompt (uniform, dynamic_sampling, prompt_predictor; trace with
-    stage1=uniform)."""
-    max_per_prompt: int | None = None
-    """trace: cap on the roots of one prompt."""
-    continuations_per_rollout: int | None = None
-    """trace: N, Stage-2 continuations per bare rollout (0 turns Stage 2 off)."""
-    stage1: Literal["active", "uniform"] | None = None
-    """trace: Stage-1 ablation switch."""
-    stage2: Literal["active", "uniform"] | None = None
-    """trace: Stage-2 ablation switch."""
-    explore_frac: float | None = None
-    """trace: share of the root budget given as floors to random prompts."""
-    p_clip: float | None = None
-    """trace: predictions are clipped to [p_clip, 1 - p_clip]."""
-    batch_size: int | None = None
-    """dynamic_sampling: mixed groups to collect."""
-    wave_groups: int | None = None
-    """dynamic_sampling: prompts per generation wave."""
-    target: float | None = None
-    """prompt_predictor: the predicted p to aim for."""
-    roots_per_prompt: int | None = None
-    """random_tree / entropy_tree: M chains per prompt."""
-    expansions_per_iteration: int | None = None
-    """random_tree / entropy_tree: N continuations per chain per iteration."""
-    iterations: int | None = None
-    """random_tree / entropy_tree: L expansion iterations."""
-    penalty: float | None = None
-    """entropy_tree: score penalty per continuation already placed."""
-
-    def knobs(self) -> dict[str, Any]:
-        """The knobs that are set, by name."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if f.name != "name" and getattr(self, f.name) is not None
-        }
-
-    def build(self) -> Any:
-        """The allocator (a `trace_alloc.Allocator`).
-
-        Raises:
-            ValueError: a knob set that this allocator does not have.
-        """
-        cls = ALLOCATORS[self.name]
-        accepted = {f.name for f in dataclasses.fields(cls)}
-        foreign = sorted(set(self.knobs()) - accepted)
-        if foreign:
-            raise ValueError(
-                f"--alloc.{foreign[0].replace('_', '-')} does not apply to allocator "
-                f"{self.name!r} (its knobs: {sorted(accepted)})"
-            )
-        return make_allocator(self.name, **self.knobs())
-
-    @property
-    def uses_predictor(self) -> bool:
-        """Whether the allocator reads Ṽψ."""
-        return bool(ALLOCATORS[self.name].uses_predictor)
-
-
-@dataclass(frozen=True, kw_only=True)
-class BudgetConfig:
-    """The equal-cost budget of every step."""
-
-    currency: Literal["leaves", "tokens"] = "leaves"
-    """`leaves` (exact per step) or generated `tokens` (carried over between steps)."""
-    per_step: int = 32
-    """Budget of one step in `currency`."""
-    pool_size: int = 16
-    """Candidate prompts per step (the allocator may leave some without rollouts)."""
-    tokens_per_leaf_guess: float = 60.0
-    """Token currency only: the estimate for the first wave of the first step."""
-    max_waves: int = 16
-    """Safety bound on allocator waves per step."""
-
-    def __post_init__(self) -> None:
-        if self.per_step < 2 or self.pool_size < 1:
-            raise ValueError(
-                f"per_step={self.per_step}, pool_size={self.pool_size}: a step needs at least "
-                "2 leaves' worth of budget and one prompt"
-            )
-
-
-@dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
-    """How the policy samples each turn."""
-
-    max_new_tokens: int = 48
-    """Cap per action."""
-    temperature: float = 1.0
-    """Sampling temperature (RL samples the policy's own distribution at 1)."""
-    top_p: float = 1.0
-    top_k: int = 0
-    max_total_tokens: int = 1024
-    """The policy's context: an episode that would overflow it ends unanswered."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class PredictorConfig:
-    """Ṽψ: hashed n-grams of the history into a small numpy MLP (trace_alloc.MLPPredictor)."""
-
-    kind: Literal["mlp", "constant"] = "mlp"
-    """`constant`: always predict `prior` and never learn (the predictor-off ablation)."""
-    dim: int = 4096
-    """Hashed feature dimensions."""
-    hidden: int = 64
-    """Hidden units (0: logistic regression)."""
-    lr: float = 3e-3
-    epochs: int = 4
-    """Passes over each step's nodes."""
-    prior: float = 0.5
-    """Prediction before training and far from the training data."""
-    memory: bool = True
-    """Add each question's own bare-rollout history to the text model (`MemoryPredictor`);
-    False: the text model alone (the paper's Ṽψ)."""
-    prior_strength: float = 2.0
-    """memory: bare rollouts the text model's prediction is worth."""
-    memory_decay: float = 0.95
-    """memory: weight a past outcome keeps per step (the policy moves)."""
-    replay_size: int = 2048
-    """memory: root examples replayed into each text-model update."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class LossConfig:
-    """Advantages and OpenRLHF's PolicyLoss."""
-
-    advantage: Literal["grpo", "tree_grpo", "treerl"] = "tree_grpo"
-    """`trace_alloc.tree_advantages` mode."""
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    """PPO clip range (DAPO's clip-higher by default)."""
-    kl_coef: float = 0.0
-    """Weight of the KL to the start policy (0: no reference model is kept)."""
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    """OpenRLHF's `compute_approx_kl` estimator."""
-    token_level_loss: bool = True
-    """Average over all action tokens of the step (True) or per sequence, then over sequences."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class OptimConfig:
-    """The optimizer step."""
-
-    backend: Literal["torch", "deepspeed"] = "torch"
-    """`torch` AdamW, or the same AdamW inside a DeepSpeed ZeRO engine (gloo; one process, or
-    data-parallel under `torchrun --nproc_per_node N`)."""
-    zero_stage: int = 0
-    """DeepSpeed ZeRO stage (0-3) for `backend=deepspeed`."""
-    lr: float = 1e-4
-    warmup_steps: int = 0
-    """Linear warm-up of the learning rate over this many steps."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_size: int = 16
-    """Leaves per forward/backward pass (per rank under torchrun)."""
-    ppo_epochs: int = 1
-    """Updates per step over the step's leaves (1: on-policy, the ratio is exactly 1)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class EvalConfig:
-    """Held-out evaluation while training (0 turns it off)."""
-
-    every: int = 0
-    """Evaluate before step 1 and every this many steps (0: never)."""
-    n_questions: int = 64
-    """Questions of the eval split (the first ones)."""
-    n_samples: int = 1
-    temperature: float = 1.0
-    """Sampled EM at the policy's temperature; 0 for greedy."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    """`tracerl train`: RL with tree rollouts on CPU (transformers backend)."""
-
-    run_dir: Path = Path("runs/train")
-    """Where config, metrics, checkpoints, trees and the final policy go."""
-    policy: Path = Path("runs/demo/tiny_policy/policy")
-    """Start policy: a transformers model directory with its tokenizer."""
-    steps: int = 20
-    seed: int = 0
-    """Seeds the data order, the allocator, the sampling and the predictor."""
-    resume: bool = False
-    """Continue the run in `run_dir` from its latest checkpoint, with its saved config (flags
-    given explicitly on the command line override it, e.g. a larger --steps)."""
-    checkpoint_every: int = 5
-    """Steps between checkpoints (the last step always gets one)."""
-    keep_checkpoints: int = 2
-    save_trees_every: int = 0
-    """Write the step's trees to `run_dir/trees/step_NNNNNN.jsonl` this often (0: never)."""
-    tensorboard: bool = True
-    progress: bool = True
-    """A tqdm bar with ETA on stderr."""
-    torch_threads: int | None = None
-    """torch intra-op threads (None: torch's default)."""
-    task: TaskConfig = field(default_factory=TaskConfig)
-    alloc: AllocConfig = field(default_factory=AllocConfig)
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)
-    predictor: PredictorConfig = field(default_factory=PredictorConfig)
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-
-    def __post_init__(self) -> None:
-        if self.steps < 1 or self.checkpoint_every < 1:
-            raise ValueError(f"steps={self.steps}, checkpoint_every={self.checkpoint_every}: >= 1")
-        self.alloc.build()  # an unknown knob fails now, not after the model has loaded
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON-safe dict (paths as strings, tuples as lists)."""
-        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
-
-
-def config_from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
-    """Rebuild a (nested) config dataclass from `dataclasses.asdict`-style JSON.
-
-    Raises:
-        ValueError: a key that `cls` does not have.
-    """
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise ValueError(f"{cls.__name__} has no field(s) {unknown}")
-    kwargs: dict[str, Any] = {}
-    for name, value in data.items():
-        kind = hints[name]
-        if dataclasses.is_dataclass(kind):
-            kwargs[name] = config_from_dict(kind, value)
-        elif kind is Path:
-            kwargs[name] = Path(value)
-        elif isinstance(value, list):
-            kwargs[name] = tuple(value)
-        else:
-            kwargs[name] = value
-    return cls(**kwargs)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -406,67 +114,6 @@ class TrainSummary:
             "final": self.final,
             "wall_s": self.wall_s,
         }
-
-
-class ResumeError(HarnessError, ValueError):
-    """`resume=True` on a run with no checkpoint, or a fresh run over an existing one."""
-
-
-class ConstantPredictor:
-    """A `trace_alloc.Predictor` that always says `p` and learns nothing (predictor off)."""
-
-    def __init__(self, p: float) -> None:
-        self.p = p
-
-    def predict(self, histories: Sequence[str]) -> np.ndarray:
-        """`p` for every history."""
-        return np.full(len(histories), self.p)
-
-    def update(
-        self, histories: Sequence[str], targets: np.ndarray, **_: np.ndarray | None
-    ) -> dict[str, float]:
-        """Nothing to learn."""
-        return {"n": float(len(histories))}
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Its constant."""
-        return {"p": np.array([self.p])}
-
-    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore the constant."""
-        self.p = float(state["p"][0])
-
-
-def make_predictor(
-    config: PredictorConfig, *, seed: int
-) -> MemoryPredictor | MLPPredictor | ConstantPredictor:
-    """The predictor `config.kind` names; the CPU and the OpenRLHF trainers both build it here.
-
-    Args:
-        config: Kind, features, MLP and memory settings.
-        seed: Seeds the MLP's initial weights.
-    """
-    if config.kind == "constant":
-        return ConstantPredictor(config.prior)
-    text = MLPPredictor(
-        HashedNgramFeaturizer(dim=config.dim),
-        hidden=config.hidden,
-        lr=config.lr,
-        epochs=config.epochs,
-        prior=config.prior,
-        seed=seed,
-    )
-    if not config.memory:
-        return text
-    return MemoryPredictor(
-        text,
-        prior_strength=config.prior_strength,
-        decay=config.memory_decay,
-        replay_size=config.replay_size,
-    )
-
-
-# --- data ------------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -498,6 +145,484 @@ class DataCursor:
         return pool
 
 
+# --- the run's parts ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Tasks:
+    """Where a run's questions come from: the ones to train on, the held-out ones, the corpus."""
+
+    train: TaskSet
+    eval: TaskSet
+    retriever: Retriever
+    """Searches the questions' corpus (cached: the engine batches each turn's searches)."""
+
+
+def build_tasks(task: TaskConfig) -> Tasks:
+    """The synthetic world's questions, split and filtered as `task` says, and its BM25 index.
+
+    The one set-up step that decides what the run trains and evaluates on: another source of
+    questions (a task file, a freshly generated world) is another function returning `Tasks`.
+    """
+    world = World.generate(task.world_seed, task.world)
+    split = world.split()
+    train_tasks = world.tasks if task.train_split == "all" else split.train
+    if task.eval_split == "heldout":
+        eval_tasks = TaskSet([*split.test, *split.test_entities])
+    else:
+        eval_tasks = getattr(split, task.eval_split)
+    if task.questions == "hard":
+        train_tasks = TaskSet([t for t in train_tasks if is_hard(t)])
+        eval_tasks = TaskSet([t for t in eval_tasks if is_hard(t)])
+    retriever = CachedRetriever(BM25Retriever.build(world.documents))
+    return Tasks(train=train_tasks, eval=eval_tasks, retriever=retriever)
+
+
+@dataclass(slots=True)
+class Run:
+    """The parts `set_up` builds and the loop drives; `checkpoint` is what `resume` reads."""
+
+    config: TrainConfig
+    ranks: Ranks
+    tokenizer: Any
+    model: Any
+    """The policy being trained (partitioned under ZeRO-3)."""
+    reference: Any | None
+    """The frozen start policy for the KL term (None when `loss.kl_coef` is 0)."""
+    rollout_model: Any
+    """What generates: `model` itself, or a whole copy of it under ZeRO-3."""
+    n_params: int
+    pad_id: int
+    tasks: Tasks
+    codec: EpisodeCodec
+    backend: TransformersBackend
+    engine: TreeRolloutEngine
+    allocator: Allocator
+    budget: BudgetLimit
+    predictor: Predictor
+    optimizer: Any
+    losses: Any
+    """OpenRLHF's loss helpers (`harness.openrlhf_compat.OpenRLHFLosses`)."""
+    policy_loss: Any
+    checkpoint: LoadedCheckpoint | None
+    """The checkpoint to continue from (its weights are already in `model`)."""
+
+    @property
+    def partitioned(self) -> bool:
+        """ZeRO-3: the rollout copy must be refreshed from the gathered weights every step."""
+        return self.rollout_model is not self.model
+
+
+@dataclass(slots=True)
+class Progress:
+    """Where the run stands: what changes step to step and a checkpoint saves."""
+
+    step: int
+    """The last finished step (0 before the first)."""
+    cursor: DataCursor
+    alloc_rng: np.random.Generator
+    carry: float
+    """Token currency: budget carried over to the next step."""
+    tokens_per_leaf: float
+    """Token currency: the running estimate the allocator plans the first wave with."""
+    totals: Spend
+    """Budget spent so far."""
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+def train(config: TrainConfig) -> TrainSummary:
+    """Run (or resume) RL training with tree rollouts; see the module docstring.
+
+    Args:
+        config: Every setting. With `resume=True` the run continues from the latest checkpoint
+            in `run_dir`; the caller passes the config to continue with (`tracerl train`
+            rebuilds it from `run_dir/config.json` plus explicit flags).
+
+    Returns:
+        The summary (also in `run_dir/summary.json`).
+
+    Raises:
+        ResumeError: resume without a checkpoint, or a fresh run in a directory that has one.
+        BackendUnavailable: OpenRLHF (for PolicyLoss) or DeepSpeed is missing.
+    """
+    wall_start = time.perf_counter()
+    run = set_up(config)
+    progress = resume(run)
+    metrics_log = None
+    if run.ranks.is_main:
+        metrics_log = MetricsLog(
+            config.run_dir,
+            tensorboard=config.tensorboard,
+            resume_step=progress.step if config.resume else None,
+        )
+    _log_size(run, progress)
+
+    last: dict[str, Any] = {}
+    if config.eval.every and progress.step == 0 and metrics_log is not None:
+        metrics_log.write(0, _evaluate(run, 0))
+    bar = tqdm(
+        total=config.steps,
+        initial=progress.step,
+        desc="train",
+        disable=not (config.progress and run.ranks.is_main),
+    )
+    for step in range(progress.step + 1, config.steps + 1):
+        record, result = _step(run, progress, step)  # phases 1-5
+
+        # 6. log and checkpoint
+        if config.eval.every and step % config.eval.every == 0 and run.ranks.is_main:
+            record |= _evaluate(run, step)
+        if metrics_log is not None:
+            metrics_log.write(step, record)
+        last = {"step": step, **record}
+        if config.save_trees_every and step % config.save_trees_every == 0 and run.ranks.is_main:
+            _save_trees(config.run_dir, step, result)
+        if step % config.checkpoint_every == 0 or step == config.steps:
+            _save(run, progress)
+        bar.update(1)
+        bar.set_postfix(
+            reward=f"{record['rollout/reward']:.2f}",
+            eff=f"{record['rollout/effective_ratio']:.2f}",
+            refresh=False,
+        )
+    bar.close()
+    if metrics_log is not None:
+        metrics_log.close()
+    return _finish(run, progress, last, wall_start)
+
+
+def set_up(config: TrainConfig) -> Run:
+    """Check the run directory, then build the run's parts: policy, tasks, engine, optimizer.
+
+    Raises:
+        ResumeError: resume without a checkpoint, or a fresh run in a directory that has one.
+        HarnessError: the policy was warm-started on another task, or no questions are left.
+    """
+    run_dir = config.run_dir
+    checkpoint_path = latest_checkpoint(run_dir)
+    if config.resume and checkpoint_path is None:
+        raise ResumeError(f"--resume: {run_dir} has no checkpoint to resume from")
+    if not config.resume and checkpoint_path is not None:
+        raise ResumeError(f"{run_dir} already holds a run; pass --resume or use a new --run-dir")
+    _check_policy_task(config)
+    ranks = init_from_env()  # torchrun's group on gloo, or one process
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if ranks.is_main:
+        (run_dir / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2), encoding="utf-8")
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    random.seed(config.seed)
+    torch.manual_seed(config.seed)
+    losses = openrlhf_losses()
+
+    # the policy, its tokenizer, and the frozen reference for the KL term
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.policy)
+    model = AutoModelForCausalLM.from_pretrained(config.policy, dtype=torch.float32)
+    model.config.use_cache = False  # training passes need no KV cache
+    reference = None
+    if config.loss.kl_coef > 0:
+        reference = AutoModelForCausalLM.from_pretrained(config.policy, dtype=torch.float32).eval()
+        reference.requires_grad_(False)
+
+    # the questions, their corpus and index, the engine
+    tasks = build_tasks(config.task)
+    if len(tasks.train) == 0 or (config.eval.every and len(tasks.eval) == 0):
+        raise HarnessError(
+            f"no questions to train or evaluate on ({len(tasks.train)} train, "
+            f"{len(tasks.eval)} eval) with --task.questions {config.task.questions}"
+        )
+    checkpoint = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
+    if checkpoint is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions it
+        model.load_state_dict(checkpoint.model)
+    # ZeRO-3 partitions the weights, so every forward of `model` becomes a collective, which
+    # rollouts (a different amount of generation on each rank) cannot be: rollouts and
+    # evaluation then use a whole copy, refreshed from the gathered weights before every step
+    # (OpenRLHF's weight sync to its vLLM engines, in miniature)
+    partitioned = config.optim.backend == "deepspeed" and config.optim.zero_stage == 3
+    rollout_model = copy.deepcopy(model) if partitioned else model
+    backend = TransformersBackend(rollout_model, tokenizer)
+    codec = EpisodeCodec(tokenizer)
+    engine = TreeRolloutEngine(
+        backend,
+        config.task.env.make_env(tasks.train, tasks.retriever),
+        codec,
+        sampling=SamplingParams(
+            max_new_tokens=config.rollout.max_new_tokens,
+            temperature=config.rollout.temperature,
+            top_p=config.rollout.top_p,
+            top_k=config.rollout.top_k,
+        ),
+        max_total_tokens=config.rollout.max_total_tokens,
+        # ranks sample with their own streams (the same one would repeat samples across ranks)
+        seed=config.seed + 1_000_003 * ranks.rank,
+        snapshot_prefix=f"r{ranks.rank}s" if ranks.world_size > 1 else "s",
+    )
+    optim = config.optim
+    return Run(
+        config=config,
+        ranks=ranks,
+        tokenizer=tokenizer,
+        model=model,
+        reference=reference,
+        rollout_model=rollout_model,
+        n_params=sum(p.numel() for p in {id(p): p for p in model.parameters()}.values()),
+        pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+        tasks=tasks,
+        codec=codec,
+        backend=backend,
+        engine=engine,
+        allocator=config.alloc.build(),
+        budget=BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step),
+        predictor=config.predictor.build(seed=config.seed),
+        optimizer=make_optimizer(
+            model,
+            backend=optim.backend,
+            zero_stage=optim.zero_stage,
+            lr=optim.lr,
+            betas=optim.betas,
+            weight_decay=optim.weight_decay,
+            grad_clip=optim.grad_clip,
+        ),
+        losses=losses,
+        policy_loss=losses.PolicyLoss(
+            clip_eps_low=config.loss.clip_eps_low,
+            clip_eps_high=config.loss.clip_eps_high,
+            token_level_loss=config.loss.token_level_loss,
+        ),
+        checkpoint=checkpoint,
+    )
+
+
+def resume(run: Run) -> Progress:
+    """Where the run starts: step 0 of a fresh run, or the state of `run.checkpoint` restored.
+
+    Restores the optimizer, the predictor and every random stream (torch, Python, the
+    allocator's, the engine's), so a resumed run takes exactly the steps an uninterrupted one
+    would.
+
+    Raises:
+        ResumeError: the checkpoint was written by another number of ranks.
+    """
+    config = run.config
+    progress = Progress(
+        step=0,
+        cursor=DataCursor(tuple(run.tasks.train.ids), config.seed),
+        alloc_rng=np.random.default_rng([config.seed, 1]),
+        carry=0.0,
+        tokens_per_leaf=config.budget.tokens_per_leaf_guess,
+        totals=Spend(),
+    )
+    checkpoint = run.checkpoint
+    if checkpoint is None:
+        return progress
+    run.optimizer.load_state_dict(checkpoint.optimizer)
+    run.predictor.load_state_dict(checkpoint.predictor)
+    torch.set_rng_state(checkpoint.torch_rng)
+    s = checkpoint.state
+    random.setstate(_python_rng_from_json(s["python_rng"]))
+    progress.alloc_rng.bit_generator.state = s["alloc_rng"]
+    run.engine.set_rng_state(_rank_engine_rng(s, run.ranks))
+    progress.cursor.epoch = int(s["cursor"]["epoch"])
+    progress.cursor.position = int(s["cursor"]["position"])
+    progress.carry, progress.tokens_per_leaf = float(s["carry"]), float(s["tokens_per_leaf"])
+    progress.totals = Spend(**s["totals"])
+    progress.step = checkpoint.step
+    log.info("resuming %s from step %d (%s)", config.run_dir, progress.step, checkpoint.path)
+    return progress
+
+
+def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], StepResult]:
+    """Phases 1-5 of one step; returns its metrics record and its trees."""
+    config, ranks, engine = run.config, run.ranks, run.engine
+    t_step = time.perf_counter()
+
+    # 1. data
+    pool = progress.cursor.take(config.budget.pool_size)
+
+    # 2. rollout: the allocator spends exactly this step's budget (across the ranks, wave by
+    # wave, when there are several: every rank ends with the same trees)
+    if run.partitioned:
+        run.rollout_model.load_state_dict(run.optimizer.model_state_dict())
+    run.rollout_model.eval()
+    engine.reset_stats()
+    result = engine.run_step(
+        run.allocator,
+        pool,
+        budget=run.budget,
+        rng=progress.alloc_rng,
+        predictor=run.predictor if config.alloc.uses_predictor else None,
+        carry=progress.carry,
+        tokens_per_leaf=progress.tokens_per_leaf,
+        max_waves=config.budget.max_waves,
+        execute=ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None,
+    )
+    rollout_stats = engine.stats
+    progress.carry = result.carry
+    progress.tokens_per_leaf = result.tokens_per_leaf or progress.tokens_per_leaf
+    progress.totals = progress.totals + result.spent
+    progress.step = step
+    record: dict[str, Any] = rollout_metrics(result)
+    if ranks.world_size > 1:  # the rollout shards: how evenly the ranks shared the step
+        record["perf/rollouts_by_rank"] = all_gather(rollout_stats.n_rollouts, ranks)
+
+    # 3. predictor: calibration on unseen nodes first (roots and prefixes apart), then
+    # learn every node, weighted by its outcomes
+    record |= learn_from_step(run.predictor, result.trees)
+    check_same_across_ranks(run.predictor.state_dict(), ranks, "predictor")
+
+    # 4. advantages on the trees the allocator keeps for training
+    trees = [result.trees[i] for i in result.train_indices]
+    # leaves without signal carry no weight: not in the gradient, not in the token mean
+    # (docs/decisions.md, "One objective"; the OpenRLHF path does the same)
+    leaves = [
+        a.to_tokens(trees[a.tree_index])
+        for a in tree_advantages(trees, config.loss.advantage)
+        if a.has_signal
+    ]
+
+    # 5. policy update
+    t_update = time.perf_counter()
+    lr = _lr(step, config.optim)
+    record |= update_policy(
+        run.optimizer,
+        run.reference,
+        run.policy_loss,
+        run.losses,
+        leaves,
+        config,
+        pad_id=run.pad_id,
+        lr=lr,
+        ranks=ranks,
+    )
+    now = time.perf_counter()
+    totals = progress.totals
+    record |= {
+        "budget/leaves": result.spent.n_leaves,
+        "budget/tokens": result.spent.n_tokens,
+        "budget/tool_calls": result.spent.n_tool_calls,
+        "budget/limit": result.limit,
+        "budget/carry": result.carry,
+        "budget/total_leaves": totals.n_leaves,
+        "budget/total_tokens": totals.n_tokens,
+        "budget/total_tool_calls": totals.n_tool_calls,
+        "perf/tokens_per_s": rollout_stats.tokens_per_s,
+        "perf/rollout_s": rollout_stats.generate_s,
+        "perf/alloc_s": result.alloc_s,
+        "perf/update_s": now - t_update,
+        "perf/step_s": now - t_step,
+        "policy/lr": lr,
+        "data/epoch": progress.cursor.epoch,
+        "data/pool": pool,
+        "data/trained": [result.trees[i].prompt_id for i in result.train_indices],
+    }
+    return record, result
+
+
+def _evaluate(run: Run, step: int) -> dict[str, float]:
+    """Sampled EM on the first `eval.n_questions` held-out questions."""
+    config = run.config
+    run.rollout_model.eval()
+    result = evaluate_policy(
+        run.backend,
+        config.task.env.make_env(run.tasks.eval, run.tasks.retriever),
+        list(run.tasks.eval.ids[: config.eval.n_questions]),
+        run.codec,
+        temperature=config.eval.temperature,
+        n_samples=config.eval.n_samples,
+        max_new_tokens=config.rollout.max_new_tokens,
+        seed=config.seed + 7919 * step,
+        max_total_tokens=config.rollout.max_total_tokens,
+    )
+    return {
+        "eval/em": result.em,
+        "eval/mixed": result.mixed,
+        "eval/searches_per_episode": result.searches_per_episode,
+        "eval/answered": result.answered,
+    }
+
+
+def _save(run: Run, progress: Progress) -> None:
+    """Checkpoint the step just finished (collectives under several ranks; rank 0 writes)."""
+    ranks = run.ranks
+    # collectives under several ranks (ZeRO-3 weights, ZeRO partitions, rng streams)
+    weights, optimizer_state = run.optimizer.model_state_dict(), run.optimizer.state_dict()
+    engine_rngs = all_gather(run.engine.rng_state(), ranks)
+    state = {
+        "python_rng": _python_rng_to_json(random.getstate()),
+        "alloc_rng": progress.alloc_rng.bit_generator.state,
+        "engine_rng": engine_rngs[0],
+        "cursor": {"epoch": progress.cursor.epoch, "position": progress.cursor.position},
+        "carry": progress.carry,
+        "tokens_per_leaf": progress.tokens_per_leaf,
+        "totals": dataclasses.asdict(progress.totals),
+    }
+    if ranks.world_size > 1:
+        state["engine_rng_by_rank"] = engine_rngs
+    if ranks.is_main:
+        save_checkpoint(
+            run.config.run_dir,
+            progress.step,
+            model=weights,
+            optimizer=optimizer_state,
+            predictor=run.predictor.state_dict(),
+            state=state,
+            keep=run.config.keep_checkpoints,
+        )
+
+
+def _finish(run: Run, progress: Progress, last: dict[str, Any], wall_start: float) -> TrainSummary:
+    """Save the trained policy and the run's summary (`wall_start`: when `train` began)."""
+    run_dir, totals = run.config.run_dir, progress.totals
+    policy_dir = run_dir / "policy"
+    weights = run.optimizer.model_state_dict()  # a collective under ZeRO-3
+    if run.ranks.is_main:
+        run.model.save_pretrained(policy_dir, state_dict=weights)
+        run.tokenizer.save_pretrained(policy_dir)
+    summary = TrainSummary(
+        run_dir=run_dir,
+        steps=run.config.steps,
+        policy_dir=policy_dir,
+        totals={
+            "leaves": totals.n_leaves,
+            "tokens": totals.n_tokens,
+            "tool_calls": totals.n_tool_calls,
+        },
+        final=last,
+        wall_s=time.perf_counter() - wall_start,
+    )
+    if run.ranks.is_main:
+        (run_dir / SUMMARY_FILE).write_text(
+            json.dumps(summary.to_json(), indent=2), encoding="utf-8"
+        )
+    return summary
+
+
+def _log_size(run: Run, progress: Progress) -> None:
+    """The run's size, before the first step (nanoGPT)."""
+    config = run.config
+    log.info(
+        "policy %s: %s parameters | %d train / %d eval questions | allocator %s | budget %s "
+        "per step over a pool of %d prompts | steps %d-%d | total budget %s %s | rank %d of %d",
+        config.policy,
+        f"{run.n_params:,}",
+        len(run.tasks.train),
+        len(run.tasks.eval),
+        repr(run.allocator),
+        f"{config.budget.per_step:,} {config.budget.currency}",
+        config.budget.pool_size,
+        progress.step + 1,
+        config.steps,
+        f"{config.budget.per_step * (config.steps - progress.step):,}",
+        config.budget.currency,
+        run.ranks.rank,
+        run.ranks.world_size,
+    )
+
+
 # --- one step's pieces -----------------------------------------------------------------------
 
 
@@ -506,52 +631,6 @@ def _lr(step: int, optim: OptimConfig) -> float:
     if optim.warmup_steps <= 0:
         return optim.lr
     return optim.lr * min(1.0, step / optim.warmup_steps)
-
-
-def rollout_metrics(result: StepResult) -> dict[str, float]:
-    """Contrast, outcome and behaviour statistics of one step's trees.
-
-    One definition of the `rollout/*` keys, shared by this trainer and the OpenRLHF one.
-
-    Args:
-        result: One rollout step's trees and allocation statistics.
-
-    Returns:
-        The `rollout/*` metrics, NaN where a step has nothing to average.
-    """
-    stats = result.stats
-    rewards, ems, lengths, searches, turns = [], [], [], [], []
-    n_actions = n_valid = n_failed = 0
-    for tree in result.trees:
-        for node in tree.nodes[1:]:  # every generated turn once
-            n_actions += 1
-            n_valid += bool(node.turn.info.get("valid_action", False))
-        for leaf in tree.leaves():
-            path = [tree.nodes[n].turn for n in tree.path(leaf)[1:]]
-            rewards.append(tree.nodes[leaf].reward)
-            ems.append(float(path[-1].info.get("em", 0.0)))
-            lengths.append(sum(t.n_tokens for t in path))
-            searches.append(sum(t.n_tool_calls for t in path))
-            turns.append(len(path))
-            n_failed += path[-1].info.get("end") == "failed"
-    mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
-    return {
-        "rollout/reward": mean(rewards),
-        "rollout/accuracy": mean(ems),
-        "rollout/effective_ratio": stats.effective_ratio,
-        "rollout/n_active_prompts": stats.n_active,
-        "rollout/n_mixed_prompts": stats.n_mixed,
-        "rollout/mixed_anchors": stats.n_mixed_anchors,
-        "rollout/mixed_prefix_anchors": stats.n_mixed_prefix_anchors,
-        "rollout/prefix_anchors": stats.n_prefix_anchors,
-        "rollout/n_train_prompts": len(result.train_indices),
-        "rollout/response_length": mean(lengths),
-        "rollout/turns_per_episode": mean(turns),
-        "rollout/searches_per_episode": mean(searches),
-        "rollout/valid_action_rate": n_valid / n_actions if n_actions else float("nan"),
-        "rollout/waves": len(result.waves),
-        "rollout/failed_episodes": n_failed,
-    }
 
 
 @dataclass(slots=True)
@@ -589,348 +668,6 @@ def _batches(leaves: list[Any], size: int, pad_id: int) -> list[_Batch]:
     return out
 
 
-# --- the run ---------------------------------------------------------------------------------
-
-
-def train(config: TrainConfig) -> TrainSummary:
-    """Run (or resume) RL training with tree rollouts; see the module docstring.
-
-    Args:
-        config: Every setting. With `resume=True` the run continues from the latest checkpoint
-            in `run_dir`; the caller passes the config to continue with (`tracerl train`
-            rebuilds it from `run_dir/config.json` plus explicit flags).
-
-    Returns:
-        The summary (also in `run_dir/summary.json`).
-
-    Raises:
-        ResumeError: resume without a checkpoint, or a fresh run in a directory that has one.
-        BackendUnavailable: OpenRLHF (for PolicyLoss) or DeepSpeed is missing.
-    """
-    wall_start = time.perf_counter()
-    run_dir = config.run_dir
-    checkpoint_path = latest_checkpoint(run_dir)
-    if config.resume and checkpoint_path is None:
-        raise ResumeError(f"--resume: {run_dir} has no checkpoint to resume from")
-    if not config.resume and checkpoint_path is not None:
-        raise ResumeError(f"{run_dir} already holds a run; pass --resume or use a new --run-dir")
-    _check_policy_task(config)
-    ranks = init_from_env()  # torchrun's group on gloo, or one process
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if ranks.is_main:
-        (run_dir / CONFIG_FILE).write_text(json.dumps(config.to_json(), indent=2), encoding="utf-8")
-    if config.torch_threads is not None:
-        torch.set_num_threads(config.torch_threads)
-    random.seed(config.seed)
-    torch.manual_seed(config.seed)
-    losses = openrlhf_losses()
-
-    # the policy, its tokenizer, and the frozen reference for the KL term
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(config.policy)
-    model = AutoModelForCausalLM.from_pretrained(config.policy, dtype=torch.float32)
-    model.config.use_cache = False  # training passes need no KV cache
-    reference = None
-    if config.loss.kl_coef > 0:
-        reference = AutoModelForCausalLM.from_pretrained(config.policy, dtype=torch.float32).eval()
-        reference.requires_grad_(False)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    n_params = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-
-    # the world, its index, the env, the engine
-    world = World.generate(config.task.world_seed, config.task.world)
-    split = world.split()
-    train_tasks = world.tasks if config.task.train_split == "all" else split.train
-    if config.task.eval_split == "heldout":
-        eval_tasks = TaskSet([*split.test, *split.test_entities])
-    else:
-        eval_tasks = getattr(split, config.task.eval_split)
-    if config.task.questions == "hard":
-        train_tasks = TaskSet([t for t in train_tasks if is_hard(t)])
-        eval_tasks = TaskSet([t for t in eval_tasks if is_hard(t)])
-    if len(train_tasks) == 0 or (config.eval.every and len(eval_tasks) == 0):
-        raise HarnessError(
-            f"no questions to train or evaluate on ({len(train_tasks)} train, {len(eval_tasks)} "
-            f"eval) with --task.questions {config.task.questions}"
-        )
-    # cached: the engine sends each turn's searches in one batched call through the cache
-    retriever = CachedRetriever(BM25Retriever.build(world.documents))
-    env = config.task.env.make_env(train_tasks, retriever)
-    codec = EpisodeCodec(tokenizer)
-    ckpt = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
-    if ckpt is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions them
-        model.load_state_dict(ckpt.model)
-    # ZeRO-3 partitions the weights, so every forward of `model` becomes a collective, which
-    # rollouts (a different amount of generation on each rank) cannot be: rollouts and
-    # evaluation then use a whole copy, refreshed from the gathered weights before every step
-    # (OpenRLHF's weight sync to its vLLM engines, in miniature)
-    partitioned = config.optim.backend == "deepspeed" and config.optim.zero_stage == 3
-    rollout_model = copy.deepcopy(model) if partitioned else model
-    backend = TransformersBackend(rollout_model, tokenizer)
-    sampling = SamplingParams(
-        max_new_tokens=config.rollout.max_new_tokens,
-        temperature=config.rollout.temperature,
-        top_p=config.rollout.top_p,
-        top_k=config.rollout.top_k,
-    )
-    engine = TreeRolloutEngine(
-        backend,
-        env,
-        codec,
-        sampling=sampling,
-        max_total_tokens=config.rollout.max_total_tokens,
-        # ranks sample with their own streams (the same one would repeat samples across ranks)
-        seed=config.seed + 1_000_003 * ranks.rank,
-        snapshot_prefix=f"r{ranks.rank}s" if ranks.world_size > 1 else "s",
-    )
-    allocator = config.alloc.build()
-    budget = BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step)
-    alloc_rng = np.random.default_rng([config.seed, 1])
-    predictor = make_predictor(config.predictor, seed=config.seed)
-    optimizer = make_optimizer(
-        model,
-        backend=config.optim.backend,
-        zero_stage=config.optim.zero_stage,
-        lr=config.optim.lr,
-        betas=config.optim.betas,
-        weight_decay=config.optim.weight_decay,
-        grad_clip=config.optim.grad_clip,
-    )
-    policy_loss = losses.PolicyLoss(
-        clip_eps_low=config.loss.clip_eps_low,
-        clip_eps_high=config.loss.clip_eps_high,
-        token_level_loss=config.loss.token_level_loss,
-    )
-    cursor = DataCursor(tuple(train_tasks.ids), config.seed)
-    carry = 0.0
-    tokens_per_leaf = config.budget.tokens_per_leaf_guess
-    totals = Spend()
-    start_step = 0
-
-    if ckpt is not None:
-        optimizer.load_state_dict(ckpt.optimizer)
-        predictor.load_state_dict(ckpt.predictor)
-        torch.set_rng_state(ckpt.torch_rng)
-        s = ckpt.state
-        random.setstate(_python_rng_from_json(s["python_rng"]))
-        alloc_rng.bit_generator.state = s["alloc_rng"]
-        engine.set_rng_state(_rank_engine_rng(s, ranks))
-        cursor.epoch, cursor.position = int(s["cursor"]["epoch"]), int(s["cursor"]["position"])
-        carry, tokens_per_leaf = float(s["carry"]), float(s["tokens_per_leaf"])
-        totals = Spend(**s["totals"])
-        start_step = ckpt.step
-        log.info("resuming %s from step %d (%s)", run_dir, start_step, checkpoint_path)
-    metrics_log = (
-        MetricsLog(
-            run_dir,
-            tensorboard=config.tensorboard,
-            resume_step=start_step if config.resume else None,
-        )
-        if ranks.is_main
-        else None
-    )
-
-    # the run's size, before the first step (nanoGPT)
-    per_step = f"{config.budget.per_step:,} {config.budget.currency}"
-    log.info(
-        "policy %s: %s parameters | %d train / %d eval questions | allocator %s | budget %s "
-        "per step over a pool of %d prompts | steps %d-%d | total budget %s %s | rank %d of %d",
-        config.policy,
-        f"{n_params:,}",
-        len(train_tasks),
-        len(eval_tasks),
-        repr(allocator),
-        per_step,
-        config.budget.pool_size,
-        start_step + 1,
-        config.steps,
-        f"{config.budget.per_step * (config.steps - start_step):,}",
-        config.budget.currency,
-        ranks.rank,
-        ranks.world_size,
-    )
-
-    def evaluate(step: int) -> dict[str, float]:
-        eval_env = config.task.env.make_env(eval_tasks, retriever)
-        ids = list(eval_tasks.ids[: config.eval.n_questions])
-        result = evaluate_policy(
-            backend,
-            eval_env,
-            ids,
-            codec,
-            temperature=config.eval.temperature,
-            n_samples=config.eval.n_samples,
-            max_new_tokens=config.rollout.max_new_tokens,
-            seed=config.seed + 7919 * step,
-            max_total_tokens=config.rollout.max_total_tokens,
-        )
-        return {
-            "eval/em": result.em,
-            "eval/mixed": result.mixed,
-            "eval/searches_per_episode": result.searches_per_episode,
-            "eval/answered": result.answered,
-        }
-
-    last: dict[str, Any] = {}
-    if config.eval.every and start_step == 0 and metrics_log is not None:
-        rollout_model.eval()
-        metrics_log.write(0, evaluate(0))
-    bar = tqdm(
-        total=config.steps,
-        initial=start_step,
-        desc="train",
-        disable=not (config.progress and ranks.is_main),
-    )
-    for step in range(start_step + 1, config.steps + 1):
-        t_step = time.perf_counter()
-
-        # 1. data
-        pool = cursor.take(config.budget.pool_size)
-
-        # 2. rollout: the allocator spends exactly this step's budget (across the ranks, wave by
-        # wave, when there are several: every rank ends with the same trees)
-        if partitioned:
-            rollout_model.load_state_dict(optimizer.model_state_dict())
-        rollout_model.eval()
-        engine.reset_stats()
-        result = engine.run_step(
-            allocator,
-            pool,
-            budget=budget,
-            rng=alloc_rng,
-            predictor=predictor if config.alloc.uses_predictor else None,
-            carry=carry,
-            tokens_per_leaf=tokens_per_leaf,
-            max_waves=config.budget.max_waves,
-            execute=ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None,
-        )
-        rollout_stats = engine.stats
-        carry, tokens_per_leaf = result.carry, result.tokens_per_leaf or tokens_per_leaf
-        totals = totals + result.spent
-        record: dict[str, Any] = rollout_metrics(result)
-        if ranks.world_size > 1:  # the rollout shards: how evenly the ranks shared the step
-            record["perf/rollouts_by_rank"] = all_gather(rollout_stats.n_rollouts, ranks)
-
-        # 3. predictor: calibration on unseen nodes first (roots and prefixes apart), then
-        # learn every node, weighted by its outcomes
-        record |= learn_from_step(predictor, result.trees)
-        check_same_across_ranks(predictor.state_dict(), ranks, "predictor")
-
-        # 4. advantages on the trees the allocator keeps for training
-        trees = [result.trees[i] for i in result.train_indices]
-        # leaves without signal carry no weight: not in the gradient, not in the token mean
-        # (docs/decisions.md, "One objective"; the OpenRLHF path does the same)
-        leaves = [
-            a.to_tokens(trees[a.tree_index])
-            for a in tree_advantages(trees, config.loss.advantage)
-            if a.has_signal
-        ]
-
-        # 5. policy update
-        t_update = time.perf_counter()
-        lr = _lr(step, config.optim)
-        update = update_policy(
-            optimizer,
-            reference,
-            policy_loss,
-            losses,
-            leaves,
-            config,
-            pad_id=pad_id,
-            lr=lr,
-            ranks=ranks,
-        )
-        record |= update
-
-        # 6. log and checkpoint
-        now = time.perf_counter()
-        record |= {
-            "budget/leaves": result.spent.n_leaves,
-            "budget/tokens": result.spent.n_tokens,
-            "budget/tool_calls": result.spent.n_tool_calls,
-            "budget/limit": result.limit,
-            "budget/carry": result.carry,
-            "budget/total_leaves": totals.n_leaves,
-            "budget/total_tokens": totals.n_tokens,
-            "budget/total_tool_calls": totals.n_tool_calls,
-            "perf/tokens_per_s": rollout_stats.tokens_per_s,
-            "perf/rollout_s": rollout_stats.generate_s,
-            "perf/alloc_s": result.alloc_s,
-            "perf/update_s": now - t_update,
-            "perf/step_s": now - t_step,
-            "policy/lr": lr,
-            "data/epoch": cursor.epoch,
-            "data/pool": pool,
-            "data/trained": [result.trees[i].prompt_id for i in result.train_indices],
-        }
-        if config.eval.every and step % config.eval.every == 0 and ranks.is_main:
-            rollout_model.eval()
-            record |= evaluate(step)
-        if metrics_log is not None:
-            metrics_log.write(step, record)
-        last = {"step": step, **record}
-        if config.save_trees_every and step % config.save_trees_every == 0 and ranks.is_main:
-            _save_trees(run_dir, step, result)
-        if step % config.checkpoint_every == 0 or step == config.steps:
-            # collectives under several ranks (ZeRO-3 weights, ZeRO partitions, rng streams)
-            weights, optimizer_state = optimizer.model_state_dict(), optimizer.state_dict()
-            engine_rngs = all_gather(engine.rng_state(), ranks)
-            state = {
-                "python_rng": _python_rng_to_json(random.getstate()),
-                "alloc_rng": alloc_rng.bit_generator.state,
-                "engine_rng": engine_rngs[0],
-                "cursor": {"epoch": cursor.epoch, "position": cursor.position},
-                "carry": carry,
-                "tokens_per_leaf": tokens_per_leaf,
-                "totals": dataclasses.asdict(totals),
-            }
-            if ranks.world_size > 1:
-                state["engine_rng_by_rank"] = engine_rngs
-            if ranks.is_main:
-                save_checkpoint(
-                    run_dir,
-                    step,
-                    model=weights,
-                    optimizer=optimizer_state,
-                    predictor=predictor.state_dict(),
-                    state=state,
-                    keep=config.keep_checkpoints,
-                )
-        bar.update(1)
-        bar.set_postfix(
-            reward=f"{record['rollout/reward']:.2f}",
-            eff=f"{record['rollout/effective_ratio']:.2f}",
-            refresh=False,
-        )
-    bar.close()
-    if metrics_log is not None:
-        metrics_log.close()
-
-    policy_dir = run_dir / "policy"
-    weights = optimizer.model_state_dict()  # a collective under ZeRO-3
-    if ranks.is_main:
-        model.save_pretrained(policy_dir, state_dict=weights)
-        tokenizer.save_pretrained(policy_dir)
-    summary = TrainSummary(
-        run_dir=run_dir,
-        steps=config.steps,
-        policy_dir=policy_dir,
-        totals={
-            "leaves": totals.n_leaves,
-            "tokens": totals.n_tokens,
-            "tool_calls": totals.n_tool_calls,
-        },
-        final=last,
-        wall_s=time.perf_counter() - wall_start,
-    )
-    if ranks.is_main:
-        (run_dir / SUMMARY_FILE).write_text(
-            json.dumps(summary.to_json(), indent=2), encoding="utf-8"
-        )
-    return summary
-
-
 def update_policy(
     optimizer: Any,
     reference: Any,
@@ -945,7 +682,7 @@ def update_policy(
 ) -> dict[str, float]:
     """PPO epochs over the step's leaves: one optimizer step per epoch; returns the metrics.
 
-    The update phase of `train`, public so that `benchmarks.data_parallel` can drive it on
+    The update phase of `train`, public so that `benchmarks.perf.data_parallel` can drive it on
     fixed leaves. `leaves` is the step's global list, the same on every rank; each rank trains
     on its dealt share (`harness.distributed.deal`), normalised by the global token count, and
     the metrics are summed over the ranks, so N ranks report and step as one process would.
@@ -1106,15 +843,3 @@ def _python_rng_to_json(state: tuple[Any, ...]) -> list[Any]:
 def _python_rng_from_json(data: list[Any]) -> tuple[Any, ...]:
     version, internal, gauss = data
     return (version, tuple(internal), gauss)
-
-
-def load_config(run_dir: Path) -> TrainConfig:
-    """The config a run was started with (`run_dir/config.json`).
-
-    Raises:
-        ResumeError: the run has no config file.
-    """
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.exists():
-        raise ResumeError(f"{path} not found: is {run_dir} a `tracerl train` run directory?")
-    return config_from_dict(TrainConfig, json.loads(path.read_text(encoding="utf-8")))

@@ -50,7 +50,7 @@ POLICY=$(absolute "${POLICY:-$RUN/tiny_policy/policy}")
 timeout "$TIMEOUT_S" tracerl train --backend openrlhf \
   --retriever "$RUN/data/index" --run-dir "$RUN" --seed 0 \
   --env.max-turns 4 --env.top-k 3 --env.reward em "$@" \
-  alloc:trace --alloc.continuations-per-rollout 1 -- \
+  --alloc.name trace --alloc.trace.continuations-per-rollout 1 -- \
   --actor.model_name_or_path "$POLICY" \
   --data.prompt_dataset "$RUN/data/train.jsonl" --data.max_samples $((8 * STEPS)) \
   --eval.dataset "$RUN/data/eval.jsonl" --eval.steps "$STEPS" --eval.temperature 0 \

@@ -22,7 +22,8 @@
 #   NODES=2 SUBMIT_ADDRESS=http://HEAD:8265 RETRIEVER=http://HEAD:8000 \
 #       bash scripts/train_qwen3_8b_hotpotqa.sh
 # Baselines at the same budget (equal leaves per step), e.g. GRPO:
-#   ALLOC_ARGS="alloc:uniform --alloc.group-size 12" RUN=runs/qwen3-8b-hotpotqa-grpo \
+#   ALLOC_ARGS="--alloc.name uniform --alloc.uniform.group-size 12" \
+#       RUN=runs/qwen3-8b-hotpotqa-grpo \
 #       bash scripts/train_qwen3_8b_hotpotqa.sh
 # Resume after a crash: add `--ckpt.load_enable` (same RUN and CKPT).
 #
@@ -50,7 +51,7 @@ ENGINES=$((NODES * GPUS_PER_NODE / TP))      # colocated: one engine per TP GPUs
 # prefixes: our reading of the paper's "(1024, 2)" main setting (docs/openrlhf.md).
 PROMPTS=${PROMPTS:-256}
 LEAVES_PER_PROMPT=${LEAVES_PER_PROMPT:-12}
-ALLOC_ARGS=${ALLOC_ARGS:-"alloc:trace --alloc.continuations-per-rollout 2 --alloc.max-per-prompt 16"}
+ALLOC_ARGS=${ALLOC_ARGS:-"--alloc.name trace --alloc.trace.continuations-per-rollout 2 --alloc.trace.max-per-prompt 16"}
 
 TRACE_ARGS=(
   --retriever "$RETRIEVER"

@@ -1,4 +1,4 @@
-"""The package import table of STYLE.md §2.1, enforced by walking every module's imports."""
+"""The import table of the packages and of benchmarks' rooms (docs/decisions.md, D20)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,42 @@ ALLOWED: dict[str, set[str]] = {
     "harness": {"envs", "retrieval", "trace_alloc"},
     "benchmarks": {"envs", "retrieval", "trace_alloc", "harness"},
 }
+# benchmarks' rooms -> the rooms (and shared top-level modules) each may import
+ROOMS: dict[str, set[str]] = {
+    "benchmarks.qa": {"benchmarks.qa"},
+    "benchmarks.perf": {"benchmarks.perf", "benchmarks.qa", "benchmarks.meta"},
+    "benchmarks.research": {"benchmarks.research", "benchmarks.qa", "benchmarks.meta"},
+    "benchmarks.meta": set(),
+    # the old command `python -m benchmarks.experiment` (CHANGELOG.md): an alias, nothing more
+    "benchmarks.experiment": {"benchmarks.experiment", "benchmarks.research"},
+}
+# where a `tracerl` command may point: the libraries and the research runs (the demo), never a
+# speed script (those are `python -m benchmarks.perf.NAME`)
+COMMAND_TARGETS = ("envs", "retrieval", "harness", "benchmarks.qa", "benchmarks.research")
 # third-party modules trace_alloc must never touch: it stays pure numpy
 TRACE_ALLOC_FORBIDDEN = {"torch", "transformers", "httpx", "socket", "requests", "vllm", "ray"}
 
 
-def _imported_roots(path: Path) -> set[str]:
+def _imported_modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    roots: set[str] = set()
+    modules: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
+            modules.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-    return roots
+            modules.add(node.module)
+            # `from benchmarks import qa` names a module too
+            modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return modules
+
+
+def _imported_roots(path: Path) -> set[str]:
+    return {module.split(".")[0] for module in _imported_modules(path)}
+
+
+def _room(module: str) -> str | None:
+    """The room of a `benchmarks` module name (`benchmarks.qa.cli` -> `benchmarks.qa`)."""
+    return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
 
 
 def _modules(package: str) -> list[Path]:
@@ -47,6 +70,67 @@ def test_package_imports_only_what_its_row_allows(package: str) -> None:
     assert not violations, "layering violations:\n" + "\n".join(violations)
 
 
+@pytest.mark.parametrize("room", sorted(ROOMS))
+def test_each_benchmarks_room_imports_only_what_its_row_allows(room: str) -> None:
+    folder = ROOT / room.replace(".", "/")
+    paths = sorted(folder.rglob("*.py")) if folder.is_dir() else [folder.with_suffix(".py")]
+    assert paths and all(p.is_file() for p in paths), f"{room} has no modules"
+    violations = [
+        f"{path.relative_to(ROOT)} imports {module}"
+        for path in paths
+        for module in _imported_modules(path)
+        if (target := _room(module)) is not None and target not in ROOMS[room]
+    ]
+    assert not violations, "benchmarks room violations:\n" + "\n".join(violations)
+
+
+def test_every_benchmarks_module_lives_in_a_room() -> None:
+    loose = [
+        str(path.relative_to(ROOT))
+        for path in _modules("benchmarks")
+        if path.name != "__init__.py"
+        and _room(".".join(path.relative_to(ROOT).with_suffix("").parts)) is None
+    ]
+    assert not loose, f"modules outside benchmarks' rooms (see ROOMS): {loose}"
+
+
+def test_every_command_resolves_to_a_function_where_the_table_allows() -> None:
+    from harness.cli import COMMANDS
+
+    problems = []
+    for name, (target, _) in COMMANDS.items():
+        module, function = target.split(":")
+        if not any(module == t or module.startswith(t + ".") for t in COMMAND_TARGETS):
+            problems.append(f"{name}: {module} is not under {COMMAND_TARGETS}")
+            continue
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if not path.is_file():
+            problems.append(f"{name}: no module file {path.relative_to(ROOT)}")
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        functions = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}
+        if function not in functions:
+            problems.append(f"{name}: {module} defines no function {function}")
+    assert not problems, "tracerl commands that do not resolve:\n" + "\n".join(problems)
+
+
+def test_the_two_trainers_share_harness_modules_but_do_not_import_each_other() -> None:
+    """harness.openrlhf builds on the harness; the harness (but the `tracerl` router) does not
+    import it, and it does not import the CPU trainer: shared pieces live in harness.config,
+    harness.metrics_log and harness.openrlhf_compat."""
+    violations = []
+    for path in _modules("harness"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules = _imported_modules(path)
+        if name.startswith("harness.openrlhf."):
+            violations += [f"{name} imports {m}" for m in modules if m == "harness.trainer"]
+        elif name != "harness.cli":
+            violations += [
+                f"{name} imports {m}" for m in modules if m.startswith("harness.openrlhf.")
+            ]
+    assert not violations, "arrows between the trainers:\n" + "\n".join(violations)
+
+
 def test_trace_alloc_stays_pure() -> None:
     violations = [
         f"{path.relative_to(ROOT)} imports {root}"
@@ -60,3 +144,11 @@ def test_the_checker_sees_a_forbidden_edge(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import harness\nfrom envs.tasks import QATask\n")
     assert _imported_roots(bad) == {"harness", "envs"}
+
+
+def test_the_checker_sees_a_room_crossing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from benchmarks import research\nfrom benchmarks.perf.env_fork import Args\n")
+    rooms = {_room(m) for m in _imported_modules(bad)} - {None}
+    assert rooms == {"benchmarks.research", "benchmarks.perf"}
+    assert not rooms <= ROOMS["benchmarks.qa"]

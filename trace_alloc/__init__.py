@@ -43,7 +43,7 @@ from trace_alloc.errors import (
     UnknownNameError,
 )
 from trace_alloc.memory import MemoryPredictor
-from trace_alloc.predictor import HashedNgramFeaturizer, MLPPredictor
+from trace_alloc.predictor import ConstantPredictor, HashedNgramFeaturizer, MLPPredictor
 from trace_alloc.solvers import (
     RootSolution,
     prefix_gain,
@@ -82,6 +82,7 @@ __all__ = [
     "BudgetExceededError",
     "BudgetLimit",
     "CalibrationReport",
+    "ConstantPredictor",
     "Currency",
     "DynamicSampling",
     "EntropyTree",

@@ -1,6 +1,6 @@
 """The default success predictor Ṽψ: hashed n-grams into a small numpy MLP, trained online.
 
-Design (measured in `benchmarks/predictor_design.py`; docs/decisions.md, D1):
+Design (measured in `benchmarks/research/predictor_design.py`; docs/decisions.md, D1):
 
 - `HashedNgramFeaturizer` reads the *head* of a history (its first words: the question) and its
   *tail* (its last words: the latest turns) as word unigrams and bigrams, signed-hashed into a
@@ -28,7 +28,7 @@ import scipy.sparse as sp
 from trace_alloc.base import Featurizer
 from trace_alloc.errors import AllocError
 
-__all__ = ["HashedNgramFeaturizer", "MLPPredictor", "check_examples"]
+__all__ = ["ConstantPredictor", "HashedNgramFeaturizer", "MLPPredictor", "check_examples"]
 
 _WORD = re.compile(r"\w+")
 
@@ -379,6 +379,35 @@ class MLPPredictor:
             m_hat = self._m[k] / (1 - b1**self._t)
             v_hat = self._v[k] / (1 - b2**self._t)
             params[k] = params[k] - self.lr * m_hat / (np.sqrt(v_hat) + eps)
+
+
+class ConstantPredictor:
+    """A `Predictor` that always says `p` and learns nothing (the predictor-off ablation).
+
+    >>> ConstantPredictor(0.3).predict(["Question: a", "Question: b"])
+    array([0.3, 0.3])
+    """
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def predict(self, histories: Sequence[str]) -> np.ndarray:
+        """`p` for every history."""
+        return np.full(len(histories), self.p)
+
+    def update(
+        self, histories: Sequence[str], targets: np.ndarray, **_: np.ndarray | None
+    ) -> dict[str, float]:
+        """Nothing to learn."""
+        return {"n": float(len(histories))}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Its constant."""
+        return {"p": np.array([self.p])}
+
+    def load_state_dict(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore the constant."""
+        self.p = float(state["p"][0])
 
 
 def check_examples(

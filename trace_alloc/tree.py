@@ -1,6 +1,6 @@
 """Rollout trees: one node per ReAct turn, the prompt at the depth-0 root (DESIGN §1).
 
-A rollout engine (the LLM harness, or the simulator in `benchmarks/alloc_sim.py`) returns
+A rollout engine (the LLM harness, or the simulator in `benchmarks/research/alloc_sim.py`) returns
 `Rollout` values: the turns it generated from an anchor to the end of the episode, and the
 terminal reward. The driver attaches them to a `RolloutTree`, so a tree only ever grows by whole
 rollouts and every childless non-root node is a leaf that carries its reward.

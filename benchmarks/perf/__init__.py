@@ -1,1 +1,5 @@
-"""Speed and reliability benchmarks: `python -m benchmarks.perf.<name>`."""
+"""Speed and reliability scripts: `python -m benchmarks.perf.NAME`.
+
+Each prints a table, and with `--json` one JSON object as the last line of stdout. They may
+import `benchmarks.qa` and `benchmarks.meta`, never `benchmarks.research`.
+"""

@@ -54,7 +54,7 @@ import tyro
 
 from benchmarks.meta import run_meta
 from benchmarks.perf.e5like import E5Like, write_flat_file
-from benchmarks.retrieval_bm25 import DEFAULT_DATA
+from benchmarks.perf.retrieval_bm25 import DEFAULT_DATA
 from retrieval.compressed import (
     PRESETS,
     CompressConfig,
@@ -479,8 +479,8 @@ def encoder_agreement(
 
 def real_set(args: Args, cache: Path) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
     """MiniLM vectors of the shared paragraphs and questions (cached), or None without data."""
-    from benchmarks.corpus import build_corpus
-    from benchmarks.qa_datasets import load_file
+    from benchmarks.qa.corpus import build_corpus
+    from benchmarks.qa.qa_datasets import load_file
     from retrieval.corpus import index_text
     from retrieval.encoder import SentenceEncoder
 

@@ -11,7 +11,7 @@ than `model.generate`, for three reasons measured or required here:
   the call was split into batches (a shared `torch.Generator` per batch would make it depend);
 - finished rows are dropped from the batch and its KV cache as they stop, so one long
   continuation does not keep a whole batch of short ones decoding. On the tiny policy this loop
-  is faster than `generate` with stop strings (see `benchmarks/transformers_decode.py`).
+  is faster than `generate` with stop strings (see `benchmarks/perf/transformers_decode.py`).
 
 Stop strings that the tokenizer holds as one token (the tiny policy's tags) are matched by id;
 any other stop string is matched on the decoded tail of the continuation, so any tokenizer works.

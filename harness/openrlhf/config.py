@@ -8,11 +8,10 @@ OpenRLHF's own parser and read from there, never declared twice. The leaf budget
 OpenRLHF's `--rollout.batch_size x --rollout.n_samples_per_prompt`: the trajectories GRPO would
 sample from the same flags, so the comparison is at equal cost by construction.
 
-The allocator is one of trace_alloc's own dataclasses, so its fields are its flags
-(`alloc:trace --alloc.max-per-prompt 8`, `alloc:uniform --alloc.group-size 8`).
-
-It imports the CPU trainer's module for its `PredictorConfig` (torch, a few seconds), not
-OpenRLHF.
+The allocator and the predictor take the CPU trainer's config types (`harness.config`): the
+allocator is named and set with trace_alloc's own dataclasses, so every field of every allocator
+is a flag (`--alloc.name trace --alloc.trace.max-per-prompt 8`, `--alloc.name uniform
+--alloc.uniform.group-size 8`). It imports neither OpenRLHF nor torch.
 """
 
 from __future__ import annotations
@@ -22,13 +21,9 @@ from pathlib import Path
 from typing import Literal
 
 from envs.search_qa import SearchQAConfig
-from harness.trainer import PredictorConfig  # the CPU trainer's: one predictor config
-from trace_alloc import DynamicSampling, EntropyTree, PromptPredictor, RandomTree, Trace, Uniform
+from harness.config import AllocConfig, PredictorConfig
 
-__all__ = ["AllocatorConfig", "TreeTrainConfig"]
-
-AllocatorConfig = Trace | Uniform | DynamicSampling | PromptPredictor | RandomTree | EntropyTree
-"""Any of trace_alloc's allocators, with its own fields."""
+__all__ = ["TreeTrainConfig"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,8 +37,8 @@ class TreeTrainConfig:
     retriever: str = "http://127.0.0.1:8000"
     """A Search-R1-protocol server URL (e.g. a wiki-18 e5 server, or `tracerl serve-retriever`),
     or a local index directory (`tracerl index build`)."""
-    alloc: AllocatorConfig = field(default_factory=Trace)
-    """Which allocator spends the rollout budget."""
+    alloc: AllocConfig = field(default_factory=AllocConfig)
+    """Which allocator spends the rollout budget (`--alloc.name`), with its settings."""
     advantage: Literal["grpo", "tree_grpo", "treerl"] = "tree_grpo"
     """Tree advantage (`trace_alloc.tree_advantages`)."""
     currency: Literal["leaves", "tokens"] = "leaves"

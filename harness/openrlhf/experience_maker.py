@@ -21,9 +21,9 @@ scalar rewards, which no longer drive the advantages; the launcher rejects them.
 
 from __future__ import annotations
 
-from harness.openrlhf.compat import ensure_flash_attn
+from harness.openrlhf_compat import ensure_flash_attn
 
-ensure_flash_attn()  # openrlhf.models (imported below) needs flash_attn; see compat.py
+ensure_flash_attn()  # openrlhf.models (imported below) needs flash_attn; see openrlhf_compat.py
 
 import torch  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402

@@ -127,7 +127,7 @@ def parse_openrlhf_args(argv: Sequence[str]) -> Any:
         SystemExit: argparse's answer to a bad flag or `--help` (usage printed by argparse).
     """
     _check_version()
-    from harness.openrlhf.compat import ensure_flash_attn
+    from harness.openrlhf_compat import ensure_flash_attn
 
     ensure_flash_attn()
     import openrlhf.cli.train_ppo_ray as script
@@ -375,7 +375,7 @@ def run_size(config: TreeTrainConfig, args: Any) -> str:
         f"{leaves} leaves" if config.currency == "leaves" else f"{config.tokens_per_step} tokens"
     )
     return (
-        f"{args.actor.model_name_or_path}: {type(config.alloc).__name__} allocator, "
+        f"{args.actor.model_name_or_path}: {type(config.alloc.build()).__name__} allocator, "
         f"{config.advantage} advantages, {args.rollout.batch_size} prompts and {budget} per step, "
         f"samples padded to a multiple of {batch_unit(args)}; "
         f"actor {args.actor.num_nodes}x{args.actor.num_gpus_per_node} GPUs "

@@ -25,9 +25,9 @@ the task, so OpenRLHF's prompt string is only kept to group evaluation results.
 
 from __future__ import annotations
 
-from harness.openrlhf.compat import ensure_flash_attn
+from harness.openrlhf_compat import ensure_flash_attn
 
-ensure_flash_attn()  # openrlhf's trainer modules import openrlhf.models; see compat.py
+ensure_flash_attn()  # openrlhf's trainer modules import openrlhf.models; see openrlhf_compat.py
 
 import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
@@ -51,6 +51,7 @@ from harness.checkpoint import write_dir_atomic  # noqa: E402
 from harness.engine import TreeRolloutEngine  # noqa: E402
 from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
 from harness.errors import HarnessError  # noqa: E402
+from harness.metrics_log import rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
     batch_unit,
@@ -59,7 +60,6 @@ from harness.openrlhf.experience import (  # noqa: E402
     pad_to_multiple,
     token_advantages_of_episode,
 )
-from harness.trainer import make_predictor, rollout_metrics  # noqa: E402  (shared with CPU)
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import (  # noqa: E402
     BudgetLimit,
@@ -154,7 +154,7 @@ class TreeSamplesGenerator(SamplesGenerator):
             max_total_tokens=args.data.max_len,
             seed=config.seed,
         )
-        self.predictor = make_predictor(config.predictor, seed=config.seed)
+        self.predictor = config.predictor.build(seed=config.seed)
         per_step = (
             args.rollout.batch_size * args.rollout.n_samples_per_prompt
             if config.currency == "leaves"
@@ -176,7 +176,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         log.info(
             "tree rollouts: allocator %s, %s budget %d per step, %s advantages, %d tasks, "
             "samples padded to a multiple of %d",
-            type(config.alloc).__name__,
+            type(config.alloc.build()).__name__,
             config.currency,
             per_step,
             config.advantage,
@@ -286,7 +286,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.backend.reset_routing()  # OpenRLHF reset the engines' prefix caches at the sync
         self.engine.reset_stats()
         result = self.engine.run_step(
-            self.config.alloc,
+            self.config.alloc.build(),
             list(first),
             budget=self.budget,
             rng=self.rng,

@@ -11,9 +11,9 @@ own `fit` loop, which adds the tree metrics and saves the predictor with every c
 
 from __future__ import annotations
 
-from harness.openrlhf.compat import ensure_flash_attn
+from harness.openrlhf_compat import ensure_flash_attn
 
-ensure_flash_attn()  # openrlhf.trainer.ppo_trainer imports openrlhf.models; see compat.py
+ensure_flash_attn()  # openrlhf.trainer.ppo_trainer imports openrlhf.models; see openrlhf_compat.py
 
 import logging  # noqa: E402
 import math  # noqa: E402

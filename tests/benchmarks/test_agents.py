@@ -21,7 +21,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from benchmarks.agents import (
+from benchmarks.qa.agents import (
     DecompositionOracle,
     HTTPAgent,
     OraclePlan,
@@ -30,9 +30,9 @@ from benchmarks.agents import (
     close_open_tag,
     oracle_plans,
 )
-from benchmarks.cli import bench
-from benchmarks.evaluation import evaluate
-from benchmarks.qa_datasets import load_file
+from benchmarks.qa.cli import bench
+from benchmarks.qa.evaluation import evaluate
+from benchmarks.qa.qa_datasets import load_file
 from envs import SearchQAEnv
 from envs.tasks import QATask, TaskSet
 from harness.backends.base import Completion, SamplingParams

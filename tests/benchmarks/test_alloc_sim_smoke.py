@@ -21,7 +21,7 @@ def test_alloc_sim_quick_prints_its_figures_as_the_last_json_line(tmp_path):
         [
             sys.executable,
             "-m",
-            "benchmarks.alloc_sim",
+            "benchmarks.research.alloc_sim",
             "--quick",
             "--json",
             "--no-progress",

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import bench, corpus
-from benchmarks.errors import DatasetFormatError, DatasetUnavailable
-from benchmarks.qa_datasets import load_file, load_named
+from benchmarks.qa.cli import bench, corpus
+from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable
+from benchmarks.qa.qa_datasets import load_file, load_named
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_help_shows_each_default_once_and_imports_no_torch() -> None:
     env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     code = (
         "import sys\n"
-        "from benchmarks.cli import bench\n"
+        "from benchmarks.qa.cli import bench\n"
         "try:\n    bench(['--help'])\nexcept SystemExit:\n    pass\n"
         "print('TORCH', 'torch' in sys.modules)\n"
     )

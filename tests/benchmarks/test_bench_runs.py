@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import bench
+from benchmarks.qa.cli import bench
 
 QUESTIONS = {
     "nq": [
@@ -124,7 +124,7 @@ def _comparable(report: dict) -> dict:
 def test_a_failed_run_writes_a_partial_report_and_resume_finishes_it_identically(
     flashrag: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import benchmarks.cli as cli
+    import benchmarks.qa.cli as cli
     from envs.errors import RetrievalFailedError
 
     fresh = flashrag / "fresh"
@@ -180,9 +180,9 @@ def test_resume_refuses_another_command_or_an_empty_folder(
 
 
 def test_recall_against_a_server_with_other_ids_is_unknown_not_zero() -> None:
-    from benchmarks.cli import _mark_unknown_recall
-    from benchmarks.evaluation import EpisodeRecord, Report
-    from benchmarks.report import markdown_table
+    from benchmarks.qa.cli import _mark_unknown_recall
+    from benchmarks.qa.evaluation import EpisodeRecord, Report
+    from benchmarks.qa.report import markdown_table
 
     class Server:  # like HTTPRetriever: no local documents
         index_id = "http-x"
@@ -198,3 +198,39 @@ def test_recall_against_a_server_with_other_ids_is_unknown_not_zero() -> None:
     assert _mark_unknown_recall(reports, Server())
     assert reports[0].overall.recall is None
     assert markdown_table(reports, "overall").splitlines()[-1].endswith("| – |")
+
+
+def test_run_bench_is_the_command_from_python_stoppable_and_resumable(tmp_path: Path) -> None:
+    import shlex
+
+    import tyro
+
+    from benchmarks.qa import BenchConfig, EpisodeRecord, run_bench
+    from envs.errors import RetrievalFailedError
+
+    config = BenchConfig(agent=("naive",), limit=6, progress=False, out=tmp_path / "full")
+    seen: list[tuple[str, str]] = []
+    full = run_bench(config, on_episode=lambda agent, r: seen.append((agent, r.task_id)))
+    assert full.finished and full.loop_s > 0
+    assert seen == [("naive", e.task_id) for e in full.reports[0].episodes]
+    assert len(seen) == 6 and (tmp_path / "full" / "report.json").is_file()
+    # the report records the command that gives this config
+    command = shlex.split(full.meta["command"])
+    assert command[:2] == ["tracerl", "bench"]
+    assert tyro.cli(BenchConfig, args=command[2:]) == config
+
+    def fail_after_two(agent: str, record: EpisodeRecord, n=[0]) -> None:  # noqa: B006
+        n[0] += 1
+        if n[0] == 2:
+            raise RetrievalFailedError("the retriever failed")
+
+    stopped_config = BenchConfig(agent=("naive",), limit=6, progress=False, out=tmp_path / "cut")
+    stopped = run_bench(stopped_config, on_episode=fail_after_two)
+    assert not stopped.finished and "stopped after 2 of 6 episodes" in stopped.failure
+    assert json.loads((tmp_path / "cut" / "report.json").read_text())["meta"]["partial"]
+    resumed = run_bench(BenchConfig(agent=("naive",), limit=6, progress=False,
+                                    out=tmp_path / "cut", resume=True))  # fmt: skip
+    assert resumed.finished
+    assert [e.to_json() for e in resumed.reports[0].episodes] == [
+        e.to_json() for e in full.reports[0].episodes
+    ]

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.cli import corpus
-from benchmarks.corpus import (
+from benchmarks.qa.cli import corpus
+from benchmarks.qa.corpus import (
     attach_doc_ids,
     build_corpus,
     build_index,
     paragraph_doc_id,
     write_corpus_dir,
 )
-from benchmarks.errors import NoParagraphsError
-from benchmarks.qa_datasets import load_file
+from benchmarks.qa.errors import NoParagraphsError
+from benchmarks.qa.qa_datasets import load_file
 from retrieval import BM25Retriever, read_corpus
 
 

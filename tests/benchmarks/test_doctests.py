@@ -8,10 +8,10 @@ import importlib
 import pytest
 
 MODULES = [
-    "benchmarks.qa_datasets",
-    "benchmarks.corpus",
-    "benchmarks.agents",
-    "benchmarks.report",
+    "benchmarks.qa.qa_datasets",
+    "benchmarks.qa.corpus",
+    "benchmarks.qa.agents",
+    "benchmarks.qa.report",
 ]
 
 

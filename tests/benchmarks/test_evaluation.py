@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.agents import AgentAction, ScriptedAgent
-from benchmarks.evaluation import EpisodeRecord, Report, TurnLog, aggregate, evaluate
+from benchmarks.qa.agents import AgentAction, ScriptedAgent
+from benchmarks.qa.evaluation import EpisodeRecord, Report, TurnLog, aggregate, evaluate
 from envs import SearchQAEnv
 from envs.tasks import QATask, TaskSet
 from retrieval import BM25Retriever, Document

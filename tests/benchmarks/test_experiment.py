@@ -7,9 +7,10 @@ import json
 import shlex
 
 import pytest
+import tyro
 
-from benchmarks import experiment
-from benchmarks.experiment import ExperimentConfig, RunSpec, main, run_specs
+from benchmarks.research import experiment
+from benchmarks.research.experiment import ExperimentConfig, RunSpec, main, run_specs
 from harness.metrics_log import read_metrics
 
 pytest.importorskip("openrlhf")
@@ -36,6 +37,25 @@ def test_run_specs_cover_methods_series_seeds_and_ablations():
     (off,) = {s for s in specs if s.group == "predictor" and s.seed == 0}
     assert off.predictor == "constant" and dict(off.alloc) == {"name": "trace"}
     assert len({s.run_id for s in specs}) == len(specs)
+
+
+def test_each_methods_allocator_settings_reach_its_runs_and_their_keys():
+    from harness.config import AllocatorSettings
+    from trace_alloc import Trace
+
+    settings = AllocatorSettings(trace=Trace(min_per_prompt=2, prefer_unmixed=False))
+    config = ExperimentConfig(methods=("trace", "uniform"), seeds=(0,), alloc=settings)
+    specs = {(s.group, s.label): s for s in run_specs(config)}
+    trace = dict(specs[("main", "trace")].alloc)
+    assert trace == {"name": "trace", "min_per_prompt": 2, "prefer_unmixed": False}
+    assert dict(specs[("main", "uniform")].alloc) == {"name": "uniform"}
+    stage = dict(specs[("stages", "s1_uniform-s2_active")].alloc)
+    assert stage["min_per_prompt"] == 2 and stage["stage1"] == "uniform"
+    # the defaults leave the specs (and so the run directories' keys) as they were
+    default = {(s.group, s.label): s for s in run_specs(ExperimentConfig(methods=("trace",)))}
+    assert dict(default[("main", "trace")].alloc) == {"name": "trace"}
+    parsed = tyro.cli(ExperimentConfig, args=["--alloc.trace.min-per-prompt", "2"])
+    assert parsed.alloc.trace.min_per_prompt == 2
 
 
 def test_default_runs_the_headline_pair_on_five_seeds_and_the_rest_on_three():
@@ -79,7 +99,7 @@ def test_gpu_recipe_prints_one_launch_command_per_method_and_seed(capsys):
     first = shlex.split(commands[0])
     assert "scripts/train_qwen3_8b_hotpotqa.sh" in first and first[-2:] == ["--seed", "0"]
     assert "MODEL=Qwen/Qwen3-8B" in first
-    assert any(a.startswith("ALLOC_ARGS=alloc:trace ") for a in first)
+    assert any(a.startswith("ALLOC_ARGS=--alloc.name trace ") for a in first)
 
 
 @pytest.mark.slow

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks.experiment import _paired_tokens, _tokens_to_grpo_final
+from benchmarks.research.experiment import _paired_tokens, _tokens_to_grpo_final
 
 
 def record(label: str, seed: int, ems: list[float], tokens: list[float], series="tokens"):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
-from benchmarks.qa_datasets import (
+from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
+from benchmarks.qa.qa_datasets import (
     combine,
     detect_format,
     load_file,
@@ -362,8 +362,8 @@ def test_unknown_dataset_name_suggests_the_closest() -> None:
 def test_offline_hub_loading_says_how_to_use_local_files(tmp_path: Path) -> None:
     # HF_HUB_OFFLINE is read when huggingface_hub is imported, so this runs in a fresh process
     code = (
-        "from benchmarks.qa_datasets import load_named\n"
-        "from benchmarks.errors import DatasetUnavailable\n"
+        "from benchmarks.qa.qa_datasets import load_named\n"
+        "from benchmarks.qa.errors import DatasetUnavailable\n"
         "try:\n"
         "    load_named('hotpotqa')\n"
         "except DatasetUnavailable as err:\n"

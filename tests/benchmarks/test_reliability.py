@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.reliability import parse_statistics
+from benchmarks.perf.reliability import parse_statistics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,7 +43,7 @@ def test_parse_statistics_reads_cases_and_outcome_events():
 @pytest.mark.slow
 def test_quick_run_gets_a_4xx_for_every_bad_body_and_bounds_a_hung_step():
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.reliability", "--quick", "--json"],
+        [sys.executable, "-m", "benchmarks.perf.reliability", "--quick", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

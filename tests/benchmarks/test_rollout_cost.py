@@ -1,4 +1,4 @@
-"""benchmarks/rollout_cost.py: the smoke run prints its figures, the JSON last on stdout."""
+"""benchmarks/perf/rollout_cost.py: the smoke run prints its figures, the JSON last on stdout."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks import rollout_cost
+from benchmarks.perf import rollout_cost
 
 
 @pytest.mark.slow

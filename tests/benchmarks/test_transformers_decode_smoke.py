@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_transformers_decode_quick_prints_its_figures_as_the_last_json_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.transformers_decode", "--quick", "--json"],
+        [sys.executable, "-m", "benchmarks.perf.transformers_decode", "--quick", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

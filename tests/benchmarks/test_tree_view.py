@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.tree_view import load_trees, render_text, tree
+from benchmarks.qa.tree_view import load_trees, render_text, tree
 from harness.cli import main as tracerl
 from trace_alloc import Prompt, Rollout, RolloutTree, Turn
 

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/env_fork.py: it runs and its last stdout line is the JSON result."""
+"""Smoke test of benchmarks/perf/env_fork.py: it runs and its last stdout line is its JSON."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_env_fork_benchmark_quick_json():
     run = subprocess.run(
-        [sys.executable, "-m", "benchmarks.env_fork", "--quick", "--json"],
+        [sys.executable, "-m", "benchmarks.perf.env_fork", "--quick", "--json"],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from harness.distributed import Ranks, ShardedExecutor, check_same_across_ranks, deal
-from harness.trainer import ResumeError, _rank_engine_rng
+from harness.errors import ResumeError
+from harness.trainer import _rank_engine_rng
 from trace_alloc import RolloutRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,7 +87,7 @@ def _env() -> dict[str, str]:
 @pytest.mark.slow
 def test_two_ranks_update_like_one_process_under_zero2_zero3_and_ddp():
     pytest.importorskip("deepspeed")
-    from benchmarks.data_parallel import Args, main
+    from benchmarks.perf.data_parallel import Args, main
 
     figures = main(Args())["backends"]
     assert set(figures) == {"torch", "zero2", "zero3"}
@@ -134,7 +135,7 @@ def _torchrun_train(run_dir: Path, steps: int) -> None:
 @pytest.mark.slow
 def test_a_two_rank_zero3_run_shards_rollouts_and_rank0_writes_whole_weights(tmp_path):
     # resuming such a run is checked piecewise (a full second launch costs ~40 s): every rank's
-    # ZeRO partition by benchmarks.data_parallel above, the engine streams by _rank_engine_rng
+    # ZeRO partition by benchmarks.perf.data_parallel above, the engine streams by _rank_engine_rng
     pytest.importorskip("deepspeed")
     run_dir = tmp_path / "run"
     _torchrun_train(run_dir, 2)

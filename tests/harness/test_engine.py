@@ -454,7 +454,7 @@ def test_a_turns_searches_go_in_one_batched_call_and_change_no_tree():
 
 
 def test_a_retrieval_failure_ends_that_episode_as_failed_and_the_step_goes_on():
-    from harness.trainer import rollout_metrics
+    from harness.metrics_log import rollout_metrics
     from retrieval.cache import CachedRetriever
 
     # every search for Bolt fails, batched or alone: those episodes fail, the others finish

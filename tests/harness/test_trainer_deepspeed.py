@@ -15,7 +15,6 @@ import torch
 
 pytest.importorskip("deepspeed")
 
-from benchmarks.data_parallel import tiny_model
 from harness.optimizers import DeepSpeedOptimizer, TorchOptimizer
 
 pytestmark = pytest.mark.slow
@@ -49,7 +48,7 @@ def _step(optimizer, ids: torch.Tensor) -> float:
 
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_zero_step_equals_adamw_and_its_state_round_trips(stage, tmp_path):
+def test_zero_step_equals_adamw_and_its_state_round_trips(stage, tmp_path, tiny_model):
     reference = tiny_model()
     wrapped_model = copy.deepcopy(reference)
     ids = torch.randint(0, 50, (4, 12), generator=torch.Generator().manual_seed(1))  # (B, T)
@@ -76,7 +75,7 @@ def test_zero_step_equals_adamw_and_its_state_round_trips(stage, tmp_path):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_step_without_a_last_backward_is_an_error():
+def test_step_without_a_last_backward_is_an_error(tiny_model):
     zero = DeepSpeedOptimizer(tiny_model(), zero_stage=1, lr=1e-2)
     ids = torch.randint(0, 50, (2, 8))
     zero.backward(zero.model(input_ids=ids, labels=ids).loss, last=False)
@@ -84,6 +83,6 @@ def test_step_without_a_last_backward_is_an_error():
         zero.step(1e-2)
 
 
-def test_a_bad_stage_is_rejected_before_anything_starts():
+def test_a_bad_stage_is_rejected_before_anything_starts(tiny_model):
     with pytest.raises(ValueError, match="stages 0 to 3"):
         DeepSpeedOptimizer(tiny_model(), zero_stage=4, lr=1e-2)

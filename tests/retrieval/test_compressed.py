@@ -19,14 +19,6 @@ faiss = pytest.importorskip("faiss")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from benchmarks.interop import (  # noqa: E402
-    gem_documents,
-    gem_request,
-    search_r1_documents,
-    search_r1_request,
-    skyrl_documents,
-    skyrl_request,
-)
 from retrieval.compressed import (  # noqa: E402
     CompressConfig,
     CompressedIndex,
@@ -36,6 +28,14 @@ from retrieval.compressed import (  # noqa: E402
 from retrieval.errors import IndexFormatError, IndexMismatchError  # noqa: E402
 from retrieval.faiss_files import FlatVectors  # noqa: E402
 from retrieval.index_stats import exact_top_k, index_stats  # noqa: E402
+from retrieval.peers import (  # noqa: E402
+    gem_documents,
+    gem_request,
+    search_r1_documents,
+    search_r1_request,
+    skyrl_documents,
+    skyrl_request,
+)
 from retrieval.prebuilt import PrebuiltRetriever  # noqa: E402
 from retrieval.server import create_app  # noqa: E402
 

@@ -13,7 +13,7 @@ import importlib
 
 import pytest
 
-from benchmarks.interop import Script, gem_episode, skyrl_episode
+from retrieval.peers import Script, gem_episode, skyrl_episode
 
 ROME = Script(
     question="What is the capital of Italy?",

@@ -1,6 +1,6 @@
 """The server and client speak each peer's retrieval dialect: Search-R1, SkyRL-gym and GEM.
 
-The peers' requests and parsers come from `benchmarks.interop`, written from the peers' own
+The peers' requests and parsers come from `retrieval.peers`, written from the peers' own
 clients (not from `retrieval.protocol`), so these tests check the server against the peers'
 formats rather than against itself.
 """
@@ -18,7 +18,9 @@ from fastapi.testclient import TestClient
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.interop import (
+from retrieval import HTTPRetriever, IndexFormatError, RetrievalError, make_retriever
+from retrieval.errors import InvalidRequest
+from retrieval.peers import (
     gem_documents,
     gem_request,
     passages_text,
@@ -27,8 +29,6 @@ from benchmarks.interop import (
     skyrl_documents,
     skyrl_request,
 )
-from retrieval import HTTPRetriever, IndexFormatError, RetrievalError, make_retriever
-from retrieval.errors import InvalidRequest
 from retrieval.protocol import ServerLimits, parse_request, render_result
 from retrieval.server import create_app
 

@@ -27,7 +27,7 @@ def _run(module: str, *extra: str) -> dict:
 
 def test_bm25_benchmark(tmp_path):
     # synthetic worlds only (no --data-dir there), so the test does not need the shared data
-    result = _run("benchmarks.retrieval_bm25", "--data-dir", str(tmp_path / "none"))
+    result = _run("benchmarks.perf.retrieval_bm25", "--data-dir", str(tmp_path / "none"))
     assert result["n_documents"] == 3_000
     assert result["corpus"]["synthetic_documents"] == 3_000
     assert result["bm25s_over_rank_bm25_qps"] > 0
@@ -37,7 +37,7 @@ def test_bm25_benchmark(tmp_path):
 
 @pytest.mark.slow
 def test_server_benchmark(tmp_path):
-    result = _run("benchmarks.retrieval_server", "--data-dir", str(tmp_path / "none"))
+    result = _run("benchmarks.perf.retrieval_server", "--data-dir", str(tmp_path / "none"))
     assert result["batched_over_unbatched_throughput"] > 0
     assert 0 < result["p50_ms"] <= result["p99_ms"]
     assert result["unbatched"]["server_stats"]["largest_batch"] == 1
@@ -46,7 +46,7 @@ def test_server_benchmark(tmp_path):
 
 def test_server_benchmark_on_bm25(tmp_path):
     argv = ["--kind", "bm25", "--threads", "1", "--data-dir", str(tmp_path / "none")]
-    result = _run("benchmarks.retrieval_server", *argv)
+    result = _run("benchmarks.perf.retrieval_server", *argv)
     assert result["kind"] == "bm25"
     # both servers run with the same --threads: only batching may differ between them
     assert result["batched"]["server_flags"] == ["--threads", "1"]
@@ -66,7 +66,7 @@ def test_server_benchmark_on_bm25(tmp_path):
 
 @pytest.mark.slow
 def test_dense_benchmark(tmp_path):
-    result = _run("benchmarks.retrieval_dense", "--data-dir", str(tmp_path / "none"))
+    result = _run("benchmarks.perf.retrieval_dense", "--data-dir", str(tmp_path / "none"))
     assert result["search"]["flat"]["recall_at_10_vs_flat"] == 1.0
     assert 0.0 <= result["hnsw_recall_at_10"] <= 1.0
     assert result["encode_passages_per_s"] > 0

@@ -7,7 +7,7 @@ import pytest
 
 from trace_alloc import AllocError, Predictor
 from trace_alloc.calibration import calibration_report
-from trace_alloc.predictor import HashedNgramFeaturizer, MLPPredictor
+from trace_alloc.predictor import ConstantPredictor, HashedNgramFeaturizer, MLPPredictor
 
 
 def world(seed: int, n: int):
@@ -102,3 +102,13 @@ def test_calibration_report_on_known_values():
     leafwise = calibration_report(np.array([0.2, 0.2, 0.8, 0.8]), np.array([1.0, 0, 1, 0]))
     assert soft.brier == pytest.approx(leafwise.brier) and soft.auc == pytest.approx(leafwise.auc)
     assert set(soft.to_dict()) >= {"brier", "auc", "reliability"}
+
+
+def test_the_constant_predictor_is_the_predictor_off_ablation():
+    predictor = ConstantPredictor(0.3)
+    assert isinstance(predictor, Predictor)
+    predictor.update(["a", "b"], np.array([1.0, 1.0]))
+    assert predictor.predict(["a", "b", "c"]).tolist() == [0.3, 0.3, 0.3]
+    other = ConstantPredictor(0.5)
+    other.load_state_dict(predictor.state_dict())
+    assert other.predict(["x"]).tolist() == [0.3]

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/predictor_design.py, and the MiniLM featurizer it measures."""
+"""Smoke test of benchmarks/research/predictor_design.py, and the MiniLM featurizer it measures."""
 
 from __future__ import annotations
 
@@ -19,7 +19,14 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_predictor_design_quick_prints_every_design_as_json():
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.predictor_design", "--quick", "--json", "--no-progress"],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.research.predictor_design",
+            "--quick",
+            "--json",
+            "--no-progress",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,5 +1,5 @@
 """OpenRLHF-integration tests: skipped without openrlhf; the flash_attn stand-in goes in first,
-because these modules import openrlhf.models (harness/openrlhf/compat.py)."""
+because these modules import openrlhf.models (harness/openrlhf_compat.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("openrlhf")
 
-from harness.openrlhf.compat import ensure_flash_attn
+from harness.openrlhf_compat import ensure_flash_attn
 
 ensure_flash_attn()
 

@@ -68,7 +68,7 @@ def test_multi_node_runs_go_through_ray_job_submit():
     assert command[:5] == ["ray", "job", "submit", "--address=http://head:8265", "--"]
     assert command[5:9] == ["tracerl", "train", "--backend", "openrlhf"]
     ours, theirs = command[: command.index("--", 5)], command[command.index("--", 5) + 1 :]
-    assert "alloc:trace" in ours and "--seed" in ours
+    assert ours[ours.index("--alloc.name") + 1] == "trace" and "--seed" in ours
     flags = dict(itertools.pairwise(theirs))  # each flag -> the word after it
     assert flags["--actor.num_nodes"] == "2" and flags["--vllm.num_engines"] == "8"
 

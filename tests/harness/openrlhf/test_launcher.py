@@ -34,9 +34,9 @@ def test_split_at_the_first_double_dash():
 
 def test_both_halves_parse_and_openrlhf_gets_the_tree_defaults():
     config, args = parse_args(
-        ["--seed", "3", "alloc:uniform", "--alloc.group-size", "4", "--", *BASE]
+        ["--seed", "3", "--alloc.name", "uniform", "--alloc.uniform.group-size", "4", "--", *BASE]
     )
-    assert config.seed == 3 and config.alloc == Uniform(group_size=4)
+    assert config.seed == 3 and config.alloc.build() == Uniform(group_size=4)
     assert args.actor.model_name_or_path == "/models/x"
     assert args.rollout.batch_size == 4 and args.train.batch_size == 8
     assert (args.data.input_key, args.data.label_key) == ("prompt", "task")

@@ -18,16 +18,17 @@ from openrlhf_fakes import ScriptedSearchPolicy
 
 from envs import QATask
 from envs.search_qa import SearchQAConfig
+from harness.config import AllocConfig
+from harness.metrics_log import rollout_metrics
 from harness.openrlhf.config import TreeTrainConfig
 from harness.openrlhf.experience import experiences_from_leaves, pad_to_multiple
 from harness.openrlhf.launcher import parse_openrlhf_args
 from harness.openrlhf.trainer import TreePPOTrainer, TreePPOTrainerBase
 from harness.tiny_policy.model import ModelConfig, build_model, save_policy
 from harness.tiny_policy.tokenizer import train_tokenizer
-from harness.trainer import rollout_metrics
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
-from trace_alloc import Spend, Trace, tree_advantages
+from trace_alloc import Spend, tree_advantages
 
 pytestmark = pytest.mark.slow  # shares the Ray engines (about a minute to start, once)
 
@@ -190,7 +191,7 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
         retriever=str(index),
         # 8 leaves = 4 roots + 4 continuations: at the default of 4 roots per opened prompt,
         # Stage 1 could open only one of a step's two prompts
-        alloc=Trace(max_per_prompt=8, min_per_prompt=2),
+        alloc=AllocConfig.of("trace", max_per_prompt=8, min_per_prompt=2),
         env=SearchQAConfig(prompt_template=TEMPLATE, max_turns=4, top_k=2, max_doc_chars=200),
         run_dir=tmp_path / "run",
         seed=5,

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from benchmarks.qa_datasets import LoadedDataset, SubQuestion
+from benchmarks.qa.qa_datasets import LoadedDataset, SubQuestion
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
 from harness.episodes import EpisodeCodec

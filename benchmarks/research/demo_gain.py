@@ -6,7 +6,7 @@ then reads the demo's record (`runs/demo/demo.json`). `--no-clone` runs the demo
 configuration in this process instead, in a fresh run directory (no install: then
 `make_run_seconds` is null and `demo_seconds` is the demo alone).
 
-    python -m benchmarks.demo_gain --json
+    python -m benchmarks.research.demo_gain --json
 
 The last line of `--json` output is one JSON object with `warm_start_em`,
 `warm_start_unseen_em`, `kind_em_min`, `kind_em_max`, `rl_gain_em`, `rl_gain_ci_low`,
@@ -30,7 +30,7 @@ import tyro
 
 __all__ = ["DemoGainArgs", "figures", "main"]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,13 +87,13 @@ def _run_clone(work_dir: Path) -> tuple[dict[str, Any], float]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print a summary (and the JSON line with `--json`)."""
-    args = tyro.cli(DemoGainArgs, args=argv, prog="python -m benchmarks.demo_gain")
+    args = tyro.cli(DemoGainArgs, args=argv, prog="python -m benchmarks.research.demo_gain")
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="demo_gain-"))
     work_dir.mkdir(parents=True, exist_ok=True)
     if args.clone:
         record, make_run_seconds = _run_clone(work_dir)
     else:
-        from benchmarks.demo import DemoConfig, run_demo
+        from benchmarks.research.demo import DemoConfig, run_demo
 
         record = run_demo(DemoConfig(run_dir=work_dir / "demo", progress=False))
         make_run_seconds = None

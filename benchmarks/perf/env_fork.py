@@ -16,7 +16,7 @@ in bytes and the JSON round trip (snapshot → JSON text → snapshot → restor
 All methods run in one process, on the same env states, interleaved, after a warm-up; each
 figure is the median over repeats of the mean time of a batch of operations.
 
-Run: `python -m benchmarks.env_fork --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.perf.env_fork --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations

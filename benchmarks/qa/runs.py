@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.errors import BenchmarkError
-from benchmarks.evaluation import EpisodeRecord
+from benchmarks.qa.errors import BenchmarkError
+from benchmarks.qa.evaluation import EpisodeRecord
 
 __all__ = ["RUN_NAME", "EpisodeStream", "RunState", "read_finished"]
 

@@ -10,7 +10,7 @@ randomly initialised one of the same shape when none is given (its outputs rarel
 Throughput counts generated tokens up to each row's own stop, divided by wall time; each
 figure is the median of `--repeats` timed runs after one warm-up run.
 
-Run: `python -m benchmarks.transformers_decode --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.perf.transformers_decode --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations

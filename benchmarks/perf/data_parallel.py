@@ -17,7 +17,7 @@ weight (1 vs 2 ranks); and, for the 2-rank run, the largest weight difference be
 uninterrupted run and one rebuilt from the first step's weights and optimizer state (the
 checkpoint path: under ZeRO the state is every rank's partition).
 
-Run: `python -m benchmarks.data_parallel --json`.
+Run: `python -m benchmarks.perf.data_parallel --json`.
 """
 
 from __future__ import annotations
@@ -38,10 +38,11 @@ import torch
 import tyro
 
 from benchmarks.meta import run_meta
+from harness.config import LossConfig, OptimConfig, TrainConfig
 from harness.distributed import Ranks, init_from_env
-from harness.openrlhf.compat import openrlhf_losses
+from harness.openrlhf_compat import openrlhf_losses
 from harness.optimizers import make_optimizer
-from harness.trainer import LossConfig, OptimConfig, TrainConfig, update_policy
+from harness.trainer import update_policy
 from trace_alloc import TokenAdvantages
 
 BACKENDS: dict[str, tuple[str, int]] = {
@@ -202,7 +203,7 @@ def _launch(command: list[str], args: Args) -> float:
 def _worker_argv(args: Args, out: Path) -> list[str]:
     return [
         "-m",
-        "benchmarks.data_parallel",
+        "benchmarks.perf.data_parallel",
         "--worker",
         str(out),
         "--backends",

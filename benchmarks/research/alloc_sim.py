@@ -34,7 +34,7 @@ shows what the text model alone generalises, so that memory is not mistaken for 
 compared with GRPO at equal leaves (`uniform`, G = 8) and at equal prompts
 (`uniform[equal prompts]`, G = leaves / TRACE's active prompts).
 
-Run: `python -m benchmarks.alloc_sim --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.research.alloc_sim --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
    `RUN_DIR/tiny_policy`, or a fresh build for another recipe);
 2. **before**: evaluate it at temperature 1 on the held-out questions of its world
    (`eval_samples` samples each) and on a world it never saw (`unseen_questions` x
-   `unseen_samples`), with `benchmarks.evaluation.evaluate` (what `tracerl bench` runs);
+   `unseen_samples`), with `benchmarks.qa.evaluation.evaluate` (what `tracerl bench` runs);
 3. **train**: RL with TRACE (`harness.trainer.train`; run directory `RUN_DIR/rl`; a finished run
    with the same config is reused, a killed one resumed), evaluating the held-out questions
    every `curve_every` steps for the learning curve;
@@ -32,9 +32,14 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.evaluation import Report, evaluate_policy_dir
-from benchmarks.report import write_reports
-from benchmarks.stats import bootstrap_mean, paired_difference, per_question_mean
+from benchmarks.qa import (
+    Report,
+    bootstrap_mean,
+    evaluate_policy_dir,
+    paired_difference,
+    per_question_mean,
+    write_reports,
+)
 from envs.tasks import QATask
 
 __all__ = ["TEST_SETS", "DemoConfig", "demo", "run_demo", "summary_sentence"]
@@ -158,7 +163,7 @@ def summary_sentence(record: dict[str, Any]) -> str:
 
 
 def _train_config(config: DemoConfig, artifacts: Any) -> Any:
-    from harness.trainer import (
+    from harness.config import (
         AllocConfig,
         BudgetConfig,
         EvalConfig,
@@ -211,9 +216,10 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     Raises:
         FileExistsError: `RUN_DIR/rl` holds a run with another config (use `force`).
     """
+    from harness.config import load_config
     from harness.metrics_log import plot_learning_curve, plot_run
     from harness.tiny_policy import TinyPolicyConfig, init_model
-    from harness.trainer import load_config, train
+    from harness.trainer import train
 
     times: dict[str, float] = {}
     start = time.perf_counter()

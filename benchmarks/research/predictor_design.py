@@ -3,9 +3,9 @@
 Question: which cheap design of Ṽψ(history) predicts the success probability of roots and turn
 prefixes best, trained online, on questions it has mostly never seen?
 
-Data: `benchmarks/alloc_sim.py`'s simulated agent (its default world), `random_tree` rollouts
-(roots and randomly chosen prefixes, so the data does not depend on any predictor), `--steps`
-steps of one pool each. Every design sees the same nodes in the same order and is scored
+Data: `benchmarks/research/alloc_sim.py`'s simulated agent (its default world), `random_tree`
+rollouts (roots and randomly chosen prefixes, so the data does not depend on any predictor),
+`--steps` steps of one pool each. Every design sees the same nodes in the same order and is scored
 *before* it trains on each step (prequential: held-out nodes), against the simulator's true
 success probability of each history (MSE to the truth) and against the observed outcomes (AUC,
 weighted by leaves). Scores average the second half of the steps.
@@ -14,7 +14,7 @@ Designs: the default (hashed head+tail n-grams, MLP 64, MSE), logistic regressio
 cross-entropy, a head-only encoding, no familiarity floor, and frozen MiniLM embeddings (head and
 tail, `harness.featurizers.MiniLMFeaturizer`) with the MLP and with logistic regression.
 
-Run: `python -m benchmarks.predictor_design --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.research.predictor_design --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
 
-from benchmarks.alloc_sim import Args as SimArgs
-from benchmarks.alloc_sim import SimExecutor, World
 from benchmarks.meta import run_meta
+from benchmarks.research.alloc_sim import Args as SimArgs
+from benchmarks.research.alloc_sim import SimExecutor, World
 from trace_alloc import (
     BudgetLimit,
     Featurizer,

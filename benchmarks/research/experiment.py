@@ -47,13 +47,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
 
 import tyro
+
+from harness.config import AllocatorSettings
 
 __all__ = ["ExperimentConfig", "RunSpec", "cli", "main", "run_specs"]
 
@@ -75,7 +77,7 @@ HEADLINE = ("trace", BASELINE)
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentConfig:
-    """`python -m benchmarks.experiment`: TRACE vs the baselines at equal cost, with ablations."""
+    """`python -m benchmarks.research.experiment`: TRACE vs the baselines at equal cost."""
 
     name: str = "full"
     """Names the results files and the RESULTS.md section."""
@@ -109,6 +111,9 @@ class ExperimentConfig:
     M(1+N) leaves per step, against GRPO at the same leaves (leaf series)."""
     predictor_ablation: bool = False
     """TRACE with a constant p = 0.5 (the predictor off)."""
+    alloc: AllocatorSettings = field(default_factory=AllocatorSettings)
+    """Every method's allocator settings (`--alloc.trace.min-per-prompt 2`); the ablations
+    change theirs on top. Unchanged fields keep the run directories of earlier runs valid."""
     lr: float = 3e-4
     """Policy learning rate (the demo's)."""
     questions: Literal["all", "hard"] = "all"
@@ -192,7 +197,8 @@ class RunSpec:
         label: The method, or the ablation's variant.
         series: The budget's currency.
         seed: The trainer's seed (data order, sampling, allocator, predictor).
-        alloc: The allocator's name and knobs (`harness.trainer.AllocConfig` fields).
+        alloc: The allocator's name and the fields of it that differ from its defaults (the
+            method's `--alloc.NAME.*` settings, then the ablation's).
         per_step: Budget per step in `series` units; None for the token budget, which is
             known once the start policy has been measured.
         predictor: `mlp` or `constant`.
@@ -224,32 +230,37 @@ def run_specs(config: ExperimentConfig) -> list[RunSpec]:
         methods = config.methods if currency == "leaves" else config.token_methods or config.methods
         for method in methods:
             for seed in config.seeds if method in HEADLINE else ablation_seeds:
-                alloc = (("name", method),)
+                alloc = _alloc(config, method)
                 specs.append(RunSpec("main", method, currency, seed, alloc, per_step))
     for seed in ablation_seeds:
         if config.stage_ablation:
             for s1, s2 in (("uniform", "uniform"), ("uniform", "active"), ("active", "uniform")):
-                alloc = (("name", "trace"), ("stage1", s1), ("stage2", s2))
+                alloc = _alloc(config, "trace", stage1=s1, stage2=s2)
                 label = f"s1_{s1}-s2_{s2}"
                 specs.append(
                     RunSpec("stages", label, "leaves", seed, alloc, config.leaves_per_step)
                 )
         for m, n in config.budgets:
             leaves = m * (1 + n)
-            trace = (("name", "trace"), ("continuations_per_rollout", n))
+            trace = _alloc(config, "trace", continuations_per_rollout=n)
             specs.append(RunSpec("budget", f"trace-M{m}-N{n}", "leaves", seed, trace, leaves))
             if leaves != config.leaves_per_step:  # else the main GRPO run is the reference
-                uniform = (("name", "uniform"),)
+                uniform = _alloc(config, "uniform")
                 specs.append(
                     RunSpec("budget", f"uniform-L{leaves}", "leaves", seed, uniform, leaves)
                 )
         if config.predictor_ablation:
-            alloc = (("name", "trace"),)
+            alloc = _alloc(config, "trace")
             specs.append(
                 RunSpec("predictor", "trace-constant_p", "leaves", seed, alloc,
                         config.leaves_per_step, predictor="constant")
             )  # fmt: skip
     return specs
+
+
+def _alloc(config: ExperimentConfig, name: str, **ablation: Any) -> tuple[tuple[str, Any], ...]:
+    """A run's allocator: its name, its `--alloc.NAME.*` settings, then the ablation's fields."""
+    return (("name", name), *{**config.alloc.changed(name), **ablation}.items())
 
 
 # --- the shared start: policy, test sets, token budget -----------------------------------------
@@ -309,7 +320,7 @@ def _evaluate(
     test_sets: dict[str, Any],
 ) -> dict[str, Any]:
     """EM, F1 and tokens per episode of one policy on every test set (same seed for all)."""
-    from benchmarks.evaluation import evaluate_policy_dir
+    from benchmarks.qa import evaluate_policy_dir
 
     max_new_tokens = artifacts.config.eval.max_action_tokens
     out: dict[str, Any] = {}
@@ -382,7 +393,7 @@ def _eval_key(config: ExperimentConfig) -> dict[str, Any]:
 def _train_config(
     spec: RunSpec, context: _Context, artifacts: Any, steps: int, resume: bool
 ) -> Any:
-    from harness.trainer import (
+    from harness.config import (
         AllocConfig,
         BudgetConfig,
         OptimConfig,
@@ -411,7 +422,7 @@ def _train_config(
             env=artifacts.config.env,
             questions=config.questions,
         ),
-        alloc=AllocConfig(**dict(spec.alloc)),
+        alloc=AllocConfig.of(**dict(spec.alloc)),
         budget=BudgetConfig(currency=spec.series, per_step=per_step, pool_size=config.pool_size),
         rollout=RolloutConfig(
             max_new_tokens=artifacts.config.eval.max_action_tokens,
@@ -935,7 +946,7 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         "effective_ratio": {m: c["effective_ratio"]["mean"] for m, c in main_leaves.items()},
     }
     _write_json(files["json"], result)
-    command = "python -m benchmarks.experiment " + " ".join(
+    command = "python -m benchmarks.research.experiment " + " ".join(
         shlex.quote(a) for a in sys.argv[1:] if a != "--json"
     )
     body = _markdown(result, command.strip())
@@ -952,12 +963,13 @@ def gpu_commands(config: ExperimentConfig) -> list[list[str]]:
     and its other flags unchanged; only the allocator, the seed and the run directory differ.
     """
     allocs = {
-        "trace": "alloc:trace --alloc.continuations-per-rollout 2 --alloc.max-per-prompt 16",
-        "uniform": "alloc:uniform --alloc.group-size 12",
-        "dynamic_sampling": "alloc:dynamic_sampling --alloc.group-size 12",
-        "prompt_predictor": "alloc:prompt_predictor --alloc.group-size 12",
-        "random_tree": "alloc:random_tree",
-        "entropy_tree": "alloc:entropy_tree",
+        "trace": "--alloc.name trace --alloc.trace.continuations-per-rollout 2 "
+        "--alloc.trace.max-per-prompt 16",
+        "uniform": "--alloc.name uniform --alloc.uniform.group-size 12",
+        "dynamic_sampling": "--alloc.name dynamic_sampling --alloc.dynamic-sampling.group-size 12",
+        "prompt_predictor": "--alloc.name prompt_predictor --alloc.prompt-predictor.group-size 12",
+        "random_tree": "--alloc.name random_tree",
+        "entropy_tree": "--alloc.name entropy_tree",
     }
     slug = config.model.split("/")[-1].lower()
     commands = []
@@ -978,8 +990,8 @@ def gpu_commands(config: ExperimentConfig) -> list[list[str]]:
 
 
 def cli(argv: Sequence[str] | None = None) -> int:
-    """`python -m benchmarks.experiment [--quick] [--json] [--workers 2] ...`."""
-    config = tyro.cli(ExperimentConfig, args=argv, prog="python -m benchmarks.experiment")
+    """`python -m benchmarks.research.experiment [--quick] [--json] [--workers 2] ...`."""
+    config = tyro.cli(ExperimentConfig, args=argv, prog="python -m benchmarks.research.experiment")
     if config.backend == "openrlhf":
         commands = gpu_commands(config)
         for command in commands:

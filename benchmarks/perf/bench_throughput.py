@@ -12,7 +12,7 @@ index built once by `tracerl corpus`):
 3. once, for `naive`: a real `tracerl bench` process killed with SIGKILL once half its episodes
    are on disk, then resumed in a new process: same check.
 
-Run: `python -m benchmarks.bench_throughput --json` (`--limit 20` for a smoke test).
+Run: `python -m benchmarks.perf.bench_throughput --json` (`--limit 20` for a smoke test).
 """
 
 from __future__ import annotations
@@ -38,19 +38,20 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-import benchmarks.cli as cli
 from benchmarks.meta import run_meta
+from benchmarks.qa import BenchConfig, BenchResult, EpisodeRecord, run_bench
+from benchmarks.qa.cli import corpus
 from envs.errors import RetrievalFailedError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 FILES = (
     "hotpotqa/hotpot_dev_distractor.rpt_sample500.hf.jsonl",
     "musique/musique_ans_v1.0_dev.migres200.jsonl",
     "2wikimultihopqa/2wiki_dev.migres164.jsonl",
 )
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -122,27 +123,16 @@ def fake_openai_server() -> Iterator[str]:
 # --- timing ------------------------------------------------------------------------------------
 
 
-class _Timed:
-    """Wraps `benchmarks.cli.evaluate`: times the episode loop, and can fail it part-way."""
+class _StopAfter:
+    """A `run_bench` episode hook that makes the retriever fail once `n` episodes are done."""
 
-    def __init__(self) -> None:
-        self.real = cli.evaluate
-        self.seconds = 0.0
-        self.stop_after: int | None = None
-        self.n = 0
+    def __init__(self, n: int | None) -> None:
+        self.n, self.seen = n, 0
 
-    def __call__(self, *args: Any, on_episode: Any, **kwargs: Any) -> Any:
-        def count(record: Any) -> None:
-            on_episode(record)
-            self.n += 1
-            if self.stop_after is not None and self.n >= self.stop_after:
-                raise RetrievalFailedError("benchmark: the retriever is made to fail here")
-
-        start = time.perf_counter()
-        try:
-            return self.real(*args, on_episode=count, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - start
+    def __call__(self, agent: str, record: EpisodeRecord) -> None:
+        self.seen += 1
+        if self.n is not None and self.seen >= self.n:
+            raise RetrievalFailedError("benchmark: the retriever is made to fail here")
 
 
 def comparable(report: dict[str, Any]) -> dict[str, Any]:
@@ -160,31 +150,25 @@ def _same_report(a: Path, b: Path) -> bool:
     ) == (b / "trajectories.jsonl").read_text("utf-8")
 
 
-def _bench(args: list[str], timed: _Timed) -> tuple[int, float, float]:
-    """One in-process `tracerl bench`: (exit code, wall seconds, episode-loop seconds)."""
-    timed.seconds, timed.n = 0.0, 0
+def _bench(args: list[str], stop_after: int | None = None) -> tuple[BenchResult, float]:
+    """One in-process `tracerl bench` run (`run_bench`): its result and wall seconds."""
+    config = tyro.cli(BenchConfig, args=args, prog="tracerl bench")
     start = time.perf_counter()
-    code = cli.bench(args)
-    return code, time.perf_counter() - start, timed.seconds
+    result = run_bench(config, command=args, on_episode=_StopAfter(stop_after))
+    return result, time.perf_counter() - start
 
 
 def time_agent(agent: str, common: list[str], out: Path, n: int) -> dict[str, Any]:
     """Uninterrupted, then stopped half-way and resumed."""
-    timed = _Timed()
-    cli.evaluate = timed  # type: ignore[assignment]
-    try:
-        full = out / agent / "full"
-        code, wall, loop = _bench([*common, "--out", str(full)], timed)
-        assert code == 0, f"{agent}: exit {code}"
-        resumed = out / agent / "resumed"
-        timed.stop_after = n // 2
-        code, wall_stop, _ = _bench([*common, "--out", str(resumed)], timed)
-        assert code == 1, f"{agent}: the stopped run exited {code}"
-        timed.stop_after = None
-        code, wall_resume, _ = _bench([*common, "--out", str(resumed), "--resume"], timed)
-        assert code == 0, f"{agent}: the resumed run exited {code}"
-    finally:
-        cli.evaluate = timed.real  # type: ignore[assignment]
+    full = out / agent / "full"
+    uninterrupted, wall = _bench([*common, "--out", str(full)])
+    assert uninterrupted.finished, f"{agent}: {uninterrupted.failure}"
+    resumed = out / agent / "resumed"
+    stopped, wall_stop = _bench([*common, "--out", str(resumed)], stop_after=n // 2)
+    assert not stopped.finished, f"{agent}: the run that was to stop half-way finished"
+    result, wall_resume = _bench([*common, "--out", str(resumed), "--resume"])
+    assert result.finished, f"{agent}: the resumed run stopped: {result.failure}"
+    loop = uninterrupted.loop_s
     return {
         "episodes": n,
         "wall_s": round(wall, 3),
@@ -226,12 +210,14 @@ def main(args: Args) -> dict[str, Any]:
     """Build the corpus once, then time each agent."""
     files = [args.data_dir / f for f in FILES if (args.data_dir / f).is_file()]
     if not files:
-        raise SystemExit(f"benchmarks.bench_throughput: no shared samples under {args.data_dir}")
+        raise SystemExit(
+            f"benchmarks.perf.bench_throughput: no shared samples under {args.data_dir}"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     corpus_dir = args.out / "corpus"
     data = ["--data-file", *map(str, files), "--limit", str(args.limit)]
     if not (corpus_dir / "bm25").is_dir():
-        assert cli.corpus([*data, "--out", str(corpus_dir)]) == 0
+        assert corpus([*data, "--out", str(corpus_dir)]) == 0
     base = [*data, "--index", str(corpus_dir / "bm25"), "--no-progress"]
     base += ["--concurrency", str(args.concurrency)]
     n = sum(

@@ -20,7 +20,7 @@ Formats (`FORMATS`; `detect_format` picks one from a file's content, `--format` 
 - `flashrag`: `{id, question, golden_answers, metadata?}` (FlashRAG, Search-R1), and
   `QATask.to_json` lines (`tracerl world`'s export).
 
-This module is not called `datasets.py` on purpose: a script run from `benchmarks/` puts that
+This module is not called `datasets.py` on purpose: a script run from `benchmarks/qa/` puts that
 folder first on `sys.path`, and a local `datasets` module would then shadow Hugging Face's
 `datasets` for every library that imports it (sentence-transformers does).
 """
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from benchmarks.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
+from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
 from envs.tasks import Paragraph, QATask, TaskSet
 
 __all__ = [

@@ -15,7 +15,7 @@ HTTP (`in_process`), which separates the gain of batching from the cost of the H
 `--kind bm25` serves a BM25 index instead: there a batch saves only per-call overhead (each
 query is still scored on its own), so it shows what batching gives when no encoder runs.
 
-Run: `python -m benchmarks.retrieval_server --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.perf.retrieval_server --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import psutil
 import tyro
 
 from benchmarks.meta import run_meta
-from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus
+from benchmarks.perf.retrieval_bm25 import DEFAULT_DATA, bench_corpus
 from retrieval import BM25Retriever, DenseRetriever, HTTPRetriever, Retriever, SentenceEncoder
 from retrieval.batching import BatchingConfig, MicroBatcher
 

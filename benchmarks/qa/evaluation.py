@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.agents import Agent, AgentAction
+from benchmarks.qa.agents import Agent, AgentAction
 from envs.tasks import QATask, as_gold_answers
 
 __all__ = [
@@ -477,7 +477,7 @@ def evaluate_policy_dir(
         batch_size: Episodes in flight at once (one model batch).
         progress: Draw a tqdm bar.
     """
-    from benchmarks.agents import PolicyAgent
+    from benchmarks.qa.agents import PolicyAgent
     from harness.backends import SamplingParams, TransformersBackend
 
     backend = TransformersBackend(policy_dir, seed=seed)

@@ -1,14 +1,14 @@
 """Dense retrieval: encoder throughput, and flat against HNSW (and IVF) faiss search.
 
 One corpus (real paragraphs of the shared samples, topped up with synthetic worlds; see
-`benchmarks.retrieval_bm25.bench_corpus`) is embedded once with the packaged MiniLM. The three
+`benchmarks.perf.retrieval_bm25.bench_corpus`) is embedded once with the packaged MiniLM. The three
 index types are built from those same vectors, and searched with the same query vectors, so
 search latency excludes encoding (a memo in front of the encoder serves repeats). Reported:
 passages/s when building, queries/s when encoding one query per call and one batch per call,
 per-query search latency for each index type (one batched call, and single-query calls), and
 recall@10 of HNSW and IVF against exact flat search.
 
-Run: `python -m benchmarks.retrieval_dense --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.perf.retrieval_dense --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import tyro
 
 from benchmarks.meta import run_meta
-from benchmarks.retrieval_bm25 import DEFAULT_DATA, bench_corpus
+from benchmarks.perf.retrieval_bm25 import DEFAULT_DATA, bench_corpus
 from retrieval import DenseRetriever, Encoder, SentenceEncoder
 
 

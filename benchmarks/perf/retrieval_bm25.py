@@ -9,7 +9,7 @@ variant is rank_bm25's BM25Okapi up to a constant factor and the floor on negati
 top-10 lists should agree. rank_bm25 scans every document in Python for every query term, so
 it is timed on a subset of the queries (`--n-rank-queries`); qps is queries per second.
 
-Run: `python -m benchmarks.retrieval_bm25 --json` (`--quick` for a smoke test).
+Run: `python -m benchmarks.perf.retrieval_bm25 --json` (`--quick` for a smoke test).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from retrieval import BM25Retriever, Document, index_text
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 REAL_FILES = (
     "hotpotqa/hotpot_dev_distractor.rpt_sample500.hf.jsonl",
     "hotpotqa/hotpot_dev_distractor.rpt_sample300.hf.jsonl",
@@ -80,8 +80,8 @@ def bench_corpus(
         data_dir: the shared dataset samples; skipped if absent.
         seed: the first synthetic world's seed.
     """
-    from benchmarks.corpus import build_corpus
-    from benchmarks.qa_datasets import load_file
+    from benchmarks.qa.corpus import build_corpus
+    from benchmarks.qa.qa_datasets import load_file
     from envs.synthetic import World
 
     documents: list[Document] = []

@@ -16,7 +16,7 @@ Three measurements, each against the real code paths:
   runs them) with `--hypothesis-show-statistics`; reported per test: passing cases and the
   outcome events the tests record (e.g. restored vs refused snapshots, HTTP statuses).
 
-Run: `python -m benchmarks.reliability --json` (`--quick`: one hung step, no properties).
+Run: `python -m benchmarks.perf.reliability --json` (`--quick`: one hung step, no properties).
 """
 
 from __future__ import annotations
@@ -38,11 +38,11 @@ import httpx
 import tyro
 
 from benchmarks.meta import run_meta
-from benchmarks.retrieval_server import start_server
+from benchmarks.perf.retrieval_server import start_server
 from envs import QATask, RetrievalFailedError, SearchQAEnv, TaskSet
 from retrieval import BM25Retriever, Document, HTTPRetriever
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass

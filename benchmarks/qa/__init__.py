@@ -1,0 +1,87 @@
+"""The `tracerl bench` library: QA datasets, agents, evaluation, reports and statistics.
+
+The front door for Python callers; `tracerl bench` is `run_bench` behind a command line:
+
+    from benchmarks.qa import BenchConfig, run_bench
+
+    result = run_bench(BenchConfig(agent=("oracle",), limit=20, out=Path("runs/bench")))
+    print(result.reports[0].overall.em)  # the scripted oracle on 20 synthetic questions
+
+- **questions**: `load_named` (a registry name: HotpotQA, 2Wiki, MuSiQue, NQ, ...), `load_file`
+  (FlashRAG, Search-R1 parquet, the datasets' own JSON, `tracerl world` exports), or
+  `load_data(DataArgs(...))` for what `--dataset`/`--data-file` name;
+- **agents**: `ScriptedAgent`, `PolicyAgent` (a local backend), `HTTPAgent` (an
+  OpenAI-compatible endpoint), `DecompositionOracle`, or `make_agent` from `AgentArgs`;
+- **evaluation**: `evaluate(agent, env_factory, tasks)` plays the episodes and returns a
+  `Report` (EM / sub-EM / F1, per dataset, question type and hop count);
+  `evaluate_policy_dir` evaluates a local transformers policy on given questions;
+- **a whole run**: `run_bench(BenchConfig(...))` loads, indexes, evaluates and writes the report
+  files, resumably;
+- **statistics**: `bootstrap_mean`, `paired_difference`, `per_question_mean` (95 % intervals).
+"""
+
+from benchmarks.qa.agents import (
+    Agent,
+    AgentAction,
+    DecompositionOracle,
+    HTTPAgent,
+    PolicyAgent,
+    ScriptedAgent,
+)
+from benchmarks.qa.cli import (
+    AgentArgs,
+    BenchConfig,
+    BenchResult,
+    DataArgs,
+    LoadedData,
+    load_data,
+    make_agent,
+    run_bench,
+)
+from benchmarks.qa.errors import (
+    BenchmarkError,
+    DatasetFormatError,
+    DatasetUnavailable,
+    NoParagraphsError,
+    UnknownNameError,
+)
+from benchmarks.qa.evaluation import EpisodeRecord, Metrics, Report, evaluate, evaluate_policy_dir
+from benchmarks.qa.qa_datasets import DATASETS, LoadedDataset, load_file, load_named
+from benchmarks.qa.report import write_reports
+from benchmarks.qa.stats import Estimate, bootstrap_mean, paired_difference, per_question_mean
+
+__all__ = [
+    "DATASETS",
+    "Agent",
+    "AgentAction",
+    "AgentArgs",
+    "BenchConfig",
+    "BenchResult",
+    "BenchmarkError",
+    "DataArgs",
+    "DatasetFormatError",
+    "DatasetUnavailable",
+    "DecompositionOracle",
+    "EpisodeRecord",
+    "Estimate",
+    "HTTPAgent",
+    "LoadedData",
+    "LoadedDataset",
+    "Metrics",
+    "NoParagraphsError",
+    "PolicyAgent",
+    "Report",
+    "ScriptedAgent",
+    "UnknownNameError",
+    "bootstrap_mean",
+    "evaluate",
+    "evaluate_policy_dir",
+    "load_data",
+    "load_file",
+    "load_named",
+    "make_agent",
+    "paired_difference",
+    "per_question_mean",
+    "run_bench",
+    "write_reports",
+]
