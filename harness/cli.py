@@ -28,7 +28,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "demo-env": ("envs.cli:demo_env", "run the scripted agents on the default synthetic world"),
     "world": ("envs.cli:world", "generate a synthetic world and export its corpus and questions"),
-    "index": ("retrieval.cli:index", "build or search a BM25 / dense index (`index build|search`)"),
+    "index": (
+        "retrieval.cli:index",
+        "build, search, compress or measure an index (`index build|search|compress|stats`)",
+    ),
     "serve-retriever": (
         "retrieval.cli:serve_retriever",
         "serve an index over Search-R1's HTTP API",

@@ -51,8 +51,12 @@ class BatcherStats:
 
     n_requests: int
     n_batches: int
+    n_queries: int
+    """Queries received, duplicates included."""
     n_searched: int
-    """Distinct (query, k) pairs sent to the retriever."""
+    """Distinct (query, k) pairs sent to the retriever: `n_queries - n_searched` searches were
+    saved by answering a batch's repeated queries once (GRPO's samples of one prompt often open
+    with the same search)."""
     largest_batch: int
     """The most queries one batch held."""
 
@@ -97,6 +101,7 @@ class MicroBatcher:
         self._carried: _Pending | None = None
         self._inflight: list[_Pending] = []
         self._n_requests = self._n_batches = self._n_searched = self._largest_batch = 0
+        self._n_queries = 0
 
     async def start(self) -> None:
         """Start the worker task and its search thread."""
@@ -129,6 +134,7 @@ class MicroBatcher:
         return BatcherStats(
             n_requests=self._n_requests,
             n_batches=self._n_batches,
+            n_queries=self._n_queries,
             n_searched=self._n_searched,
             largest_batch=self._largest_batch,
         )
@@ -200,6 +206,7 @@ class MicroBatcher:
                         item.future.set_exception(err)
                 continue
             self._n_searched += len(distinct)
+            self._n_queries += sum(len(item.queries) for item in items)
             by_query = dict(zip(distinct, rows, strict=True))
             for item in items:
                 if not item.future.done():  # a client that hung up leaves a cancelled future

@@ -1,4 +1,4 @@
-"""The retrieval commands: `tracerl index build|search` and `tracerl serve-retriever`."""
+"""The retrieval commands: `tracerl index build|search|compress|stats`, `serve-retriever`."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import functools
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -18,7 +18,15 @@ from retrieval.errors import RetrievalError
 from retrieval.manifest import MANIFEST_NAME
 from retrieval.protocol import ServerLimits, render_result
 
-__all__ = ["BuildConfig", "SearchConfig", "ServeConfig", "index", "serve_retriever"]
+__all__ = [
+    "BuildConfig",
+    "CompressCommand",
+    "SearchConfig",
+    "ServeConfig",
+    "StatsCommand",
+    "index",
+    "serve_retriever",
+]
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +93,55 @@ class SearchConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompressCommand:
+    """Build a compressed index from a faiss flat file (Search-R1's e5_Flat.index), no re-encoding.
+
+    Trains on a sample, then streams every row once in chunks; see docs/retrieval.md, "Wiki-18 in
+    8 GB", for its memory formula and times.
+    """
+
+    faiss_index: Path
+    """the flat faiss file (IndexFlatIP / IndexFlatL2) whose rows to compress"""
+    out: Path
+    """the directory to write (index.faiss, compressed.json)"""
+    preset: Literal[
+        "pq96fs", "pq192fs", "opq96fs", "rabitq4", "rabitq3", "rabitqfs4", "sq4", "sq8", "hnsw-sq8"
+    ] = "pq192fs"
+    """the index family (docs/decisions.md D21 says why pq192fs)"""
+    nlist: int = 0
+    """IVF cells; 0 picks rows / 320"""
+    train_per_list: int = 30
+    """training rows per IVF cell"""
+    chunk_rows: int = 65_536
+    """rows read and added per step"""
+    seed: int = 0
+    """seeds the sample and k-means"""
+    nprobe: int = 0
+    """the served default of cells scanned per query; 0 picks the fitted value for the row
+    count (docs/decisions.md D21)"""
+    k_factor: int = 32
+    """the served default of candidates re-ranked exactly per hit asked for"""
+    threads: int | None = None
+    """faiss threads (None: one per core); the build's k-means depends on it"""
+    overwrite: bool = False
+    """replace an index already at --out"""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatsCommand:
+    """Print what judges an index against its queries: bytes per vector, score geometry."""
+
+    index: tyro.conf.Positional[Path]
+    """a faiss flat file, or a compressed index directory"""
+    queries: Path
+    """query vectors as a .npy float32 array (Q, dim), embedded as the server embeds them"""
+    n_pairs: int = 20_000
+    """random passage pairs sampled for the cosine figures"""
+    json: bool = False
+    """print the figures as one JSON object"""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ServeConfig:
     """Serve an index over Search-R1's HTTP API (POST /retrieve, GET /health).
 
@@ -98,7 +155,17 @@ class ServeConfig:
     index: Path | None = None
     """an index directory (`tracerl index build`, `tracerl corpus`)"""
     faiss_index: Path | None = None
-    """a prebuilt faiss index file whose row i is line i of --corpus"""
+    """a prebuilt faiss index file whose row i is line i of --corpus (with --compressed: the
+    flat file to re-rank from; unset: the one it was built from)"""
+    compressed: Path | None = None
+    """a compressed index directory (`tracerl index compress`), served with --corpus"""
+    nprobe: int | None = None
+    """with --compressed: IVF cells scanned per query (unset: the directory's default)"""
+    k_factor: int | None = None
+    """with --compressed: candidates re-ranked exactly per hit (0: none; unset: the default)"""
+    encoder_precision: Literal["fp32", "bf16", "int8", "int8-onnx"] = "fp32"
+    """with --faiss-index or --compressed: the query encoder's arithmetic (int8: torch dynamic
+    quantisation, the fastest on a CPU; docs/retrieval.md gives its agreement with fp32)"""
     corpus: Path | None = None
     """with --faiss-index: the corpus JSONL ({"id", "contents"}), never loaded into memory"""
     encoder: str | None = None
@@ -126,11 +193,22 @@ class ServeConfig:
 def index(argv: list[str]) -> int:
     """`tracerl index build|search`."""
     config = tyro.extras.subcommand_cli_from_dict(
-        {"build": BuildConfig, "search": SearchConfig}, args=argv, prog="tracerl index"
+        {
+            "build": BuildConfig,
+            "search": SearchConfig,
+            "compress": CompressCommand,
+            "stats": StatsCommand,
+        },
+        args=argv,
+        prog="tracerl index",
     )
     try:
         if isinstance(config, BuildConfig):
             _build(config)
+        elif isinstance(config, CompressCommand):
+            _compress(config)
+        elif isinstance(config, StatsCommand):
+            _stats(config)
         else:
             _search(config)
     except (RetrievalError, ValueError) as err:
@@ -173,6 +251,64 @@ def _build(config: BuildConfig) -> None:
     )
 
 
+def _compress(config: CompressCommand) -> None:
+    import faiss
+
+    from retrieval.compressed import (
+        COMPRESSED_NAME,
+        CompressConfig,
+        SearchDefaults,
+        compress_flat_index,
+        fitted_nprobe,
+    )
+    from retrieval.faiss_files import FlatVectors
+
+    if (config.out / COMPRESSED_NAME).exists() and not config.overwrite:
+        raise ValueError(f"{config.out} already holds an index; pass --overwrite to replace it")
+    if config.threads is not None:
+        faiss.omp_set_num_threads(config.threads)
+    flat = FlatVectors(config.faiss_index)
+    n_rows = flat.n
+    flat.close()
+    nprobe = config.nprobe or fitted_nprobe(n_rows)
+    record = compress_flat_index(
+        config.faiss_index,
+        config.out,
+        CompressConfig(
+            preset=config.preset,
+            nlist=config.nlist,
+            train_per_list=config.train_per_list,
+            chunk_rows=config.chunk_rows,
+            seed=config.seed,
+            search=SearchDefaults(nprobe=nprobe, k_factor=config.k_factor),
+        ),
+        progress=True,
+    )
+    print(
+        f"compressed {record['n_rows']} rows as {record['factory']} in {record['build_s']:.1f} s "
+        f"(train {record['train_s']:.1f} s): {record['index_bytes'] / 1e6:.1f} MB, "
+        f"{record['index_bytes'] / record['n_rows']:.1f} B/row, nprobe {nprobe}, "
+        f"k_factor {config.k_factor}: {config.out}"
+    )
+
+
+def _stats(config: StatsCommand) -> None:
+    import numpy as np
+
+    from retrieval.index_stats import index_stats
+
+    try:
+        queries = np.load(config.queries, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--queries {config.queries}: not a .npy array ({err})") from err
+    stats = index_stats(config.index, queries, n_pairs=config.n_pairs)
+    if config.json:
+        print(json.dumps(asdict(stats)))
+        return
+    for name, value in asdict(stats).items():
+        print(f"{name:>24}  {value:.4f}" if isinstance(value, float) else f"{name:>24}  {value}")
+
+
 def _search(config: SearchConfig) -> None:
     from retrieval.indexes import make_retriever
 
@@ -200,8 +336,15 @@ def _serve_retriever(config: ServeConfig) -> Any:
     Raises:
         ValueError: neither or both are given, or prebuilt flags without --faiss-index.
     """
+    if config.compressed is not None:
+        return _serve_compressed(config)
+    if config.nprobe is not None or config.k_factor is not None:
+        raise ValueError("--nprobe and --k-factor go with --compressed DIR")
     if (config.index is None) == (config.faiss_index is None):
-        raise ValueError("pass either --index DIR or --faiss-index FILE --corpus FILE")
+        raise ValueError(
+            "pass either --index DIR or --faiss-index FILE --corpus FILE (or --compressed DIR "
+            "--corpus FILE)"
+        )
     if config.index is not None:
         from retrieval.indexes import load_index
 
@@ -213,11 +356,45 @@ def _serve_retriever(config: ServeConfig) -> Any:
     from retrieval.prebuilt import PooledEncoder, PrebuiltRetriever
 
     encoder = PooledEncoder(
-        config.encoder, pooling=config.pooling, max_length=config.query_max_length
+        config.encoder,
+        pooling=config.pooling,
+        max_length=config.query_max_length,
+        precision=config.encoder_precision,
     )
     return PrebuiltRetriever(
         config.faiss_index, config.corpus, encoder, query_prefix=config.query_prefix, mmap=True
     )
+
+
+def _serve_compressed(config: ServeConfig) -> Any:
+    """A compressed index with its corpus and encoder, re-ranked from its flat file.
+
+    Raises:
+        ValueError: --index is given too, or --corpus is missing.
+    """
+    if config.index is not None:
+        raise ValueError("--compressed and --index are two different indexes; pass one")
+    if config.corpus is None:
+        raise ValueError(
+            "--compressed needs --corpus FILE (the JSONL the flat index was built over)"
+        )
+    from retrieval.compressed import CompressedIndex, SearchDefaults, read_compressed_record
+    from retrieval.prebuilt import PooledEncoder, PrebuiltRetriever
+
+    defaults = SearchDefaults(**read_compressed_record(config.compressed)["search"])
+    search = SearchDefaults(
+        nprobe=config.nprobe if config.nprobe is not None else defaults.nprobe,
+        k_factor=config.k_factor if config.k_factor is not None else defaults.k_factor,
+        ef_search=defaults.ef_search,
+    )
+    index = CompressedIndex(config.compressed, flat_path=config.faiss_index, search=search)
+    encoder = PooledEncoder(
+        config.encoder,
+        pooling=config.pooling,
+        max_length=config.query_max_length,
+        precision=config.encoder_precision,
+    )
+    return PrebuiltRetriever(index, config.corpus, encoder, query_prefix=config.query_prefix)
 
 
 def serve_retriever(argv: list[str]) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 from retrieval.base import Document, Encoder, Hit, check_k, check_queries
 from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
 from retrieval.errors import IndexFormatError, IndexMismatchError
+from retrieval.faiss_files import read_index
 from retrieval.manifest import CORPUS_NAME, IndexManifest, now_utc, read_manifest
 
 __all__ = ["DenseParams", "DenseRetriever", "IndexType"]
@@ -245,7 +246,8 @@ class DenseRetriever:
         Args:
             directory: the index directory.
             encoder: the query encoder; None loads the one the manifest names.
-            mmap: memory-map the faiss file instead of reading it (for big flat indexes).
+            mmap: memory-map the faiss file instead of reading it (flat, HNSW and IVF alike;
+                see `retrieval.faiss_files.read_index`).
 
         Raises:
             IndexFormatError: files are missing or malformed.
@@ -262,14 +264,10 @@ class DenseRetriever:
             raise IndexFormatError(f"{directory}: bad dense params {manifest.params}") from err
         documents = read_corpus(directory / CORPUS_NAME)
         manifest.expect(corpus_hash=corpus_hash(documents))
-        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
         path = directory / _FAISS_NAME
         if not path.is_file():
             raise IndexFormatError(f"{path} not found; rebuild the index")
-        try:
-            index = faiss.read_index(str(path), flags)
-        except RuntimeError as err:
-            raise IndexFormatError(f"{path}: faiss cannot read it ({err})") from err
+        index = read_index(path, mmap=mmap)
         if index.ntotal != len(documents) or index.d != params.dim:
             raise IndexMismatchError(
                 f"{path} holds {index.ntotal} vectors of dim {index.d}, but the manifest says "

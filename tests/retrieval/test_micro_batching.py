@@ -39,6 +39,22 @@ def test_concurrent_requests_are_merged_and_answered_in_order(counting):
     assert len(counting.calls) == stats.n_batches + 50  # + the reference calls above
 
 
+def test_a_group_s_repeated_queries_are_searched_once(counting):
+    # GRPO: 8 samples of each of 3 prompts, most opening with their prompt's same search
+    requests = [
+        [f"prompt {p}" if s < 7 else f"prompt {p} v{s}"] for p in range(3) for s in range(8)
+    ]
+
+    async def body(batcher):
+        return await asyncio.gather(*(batcher.search(qs, 3) for qs in requests))
+
+    results, stats = _run(_with_batcher(counting, BatchingConfig(max_wait_ms=50), body))
+    assert results == [counting.search(qs, 3) for qs in requests]  # each gets its own answer
+    assert stats.n_batches == 1
+    assert (stats.n_queries, stats.n_searched) == (24, 6)
+    assert sorted(counting.calls[0][0]) == sorted({q for qs in requests for q in qs})
+
+
 def test_batching_off_gives_one_retriever_call_per_request(counting):
     async def body(batcher):
         return await asyncio.gather(*(batcher.search([f"q{i}"], 2) for i in range(20)))

@@ -70,3 +70,36 @@ def test_dense_benchmark(tmp_path):
     assert result["search"]["flat"]["recall_at_10_vs_flat"] == 1.0
     assert 0.0 <= result["hnsw_recall_at_10"] <= 1.0
     assert result["encode_passages_per_s"] > 0
+
+
+@pytest.mark.slow
+def test_wiki_scale_benchmark(tmp_path):
+    # synthetic vectors only (no --data-dir there): the real-text check is skipped
+    argv = ["--work-dir", str(tmp_path / "scale"), "--data-dir", str(tmp_path / "none")]
+    result = _run("benchmarks.perf.retrieval_scale", *argv)
+    headline = result["headline"]
+    for key in (
+        "memory_over_flat",
+        "rerank_pages_touched_per_1000_queries",
+        "recall10_vs_flat",
+        "top3_set_agreement",
+        "fp16_flat_top3_set_agreement",
+        "cold_start_s",
+        "encoder_qps_per_core_int8_or_bf16",
+        "mmap_resident_over_file",
+    ):
+        assert key in headline, key
+    assert 0.0 < headline["recall10_vs_flat"] <= 1.0
+    assert headline["mmap_resident_over_file"] < 0.05  # the flat file is mapped, not copied
+    served = result["sizes"][0]["presets"][result["default_preset"]]
+    assert served["cold"]["same_as_warm"]  # a dropped page cache changes speed, not answers
+    assert served["bytes_per_row"] < 768 * 4 / 8
+
+
+@pytest.mark.slow
+def test_query_dedupe_benchmark():
+    result = _run("benchmarks.perf.query_dedupe")
+    first = result["turns"][0]
+    assert first["searches"] == 6 * 8  # every sample of every prompt opens with a search
+    assert 1 <= first["distinct"] <= first["searches"]
+    assert result["first_turn_duplicate_share"] == 1 - first["distinct"] / first["searches"]

@@ -1,0 +1,471 @@
+"""A compressed index built from a flat faiss file, re-ranked exactly from that same file.
+
+Search-R1's `e5_Flat.index` (21M x 768 fp32, 64.6 GB) cannot sit in the memory of one ordinary
+box. `compress_flat_index` builds a small IVF index from it, with no re-encoding of a single
+passage:
+
+1. a seeded uniform sample of rows trains the coarse quantizer (k-means, `nlist` cells, with an
+   HNSW graph over the centroids) and the codes;
+2. every row is then read once, in chunks of `chunk_rows`, with `pread` into one reused buffer
+   (the chunk's page cache is dropped after use) and added to the index;
+3. the index is written to `DIR/index.faiss` with `DIR/compressed.json` (the preset, the
+   factory string, the flat file's fingerprint, the build's seed and threads, and the search
+   defaults).
+
+Peak memory of the build is about
+`4·d·n_train + n·(code_bytes + 8) + 4·d·nlist·(1 + 2·hnsw_m/d) + 3·4·d·chunk_rows` bytes: the
+training sample, the growing index (codes and 8-byte ids), the centroids with their graph, and a
+chunk with faiss's temporaries (faiss trains the codes on a subsample of at most a few thousand
+rows, so they add little). For wiki-18 with the default preset (21.0M rows, `nlist` 65,536,
+30 training rows per cell, 96-byte codes) that is 6.0 + 2.2 + 0.2 + 0.6 GB, about 9 GB.
+
+`CompressedIndex` serves it: the IVF codes are in memory (the bytes each query reads), and the
+`k·k_factor` best candidates of each query are re-scored exactly from the flat file, memory-mapped
+read-only (`retrieval.faiss_files.FlatVectors`): no copy, only the pages of the candidates come
+into the page cache, which the OS may evict. `k_factor` 0 skips the re-rank (and the flat file).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from retrieval.errors import IndexFormatError, IndexMismatchError
+from retrieval.faiss_files import FlatVectors, file_fingerprint, read_index
+
+__all__ = [
+    "COMPRESSED_NAME",
+    "PRESETS",
+    "CompressConfig",
+    "CompressedIndex",
+    "Preset",
+    "SearchDefaults",
+    "compress_flat_index",
+    "fitted_nprobe",
+    "read_compressed_record",
+    "rerank",
+]
+
+log = logging.getLogger(__name__)
+
+COMPRESSED_NAME = "compressed.json"
+_INDEX_NAME = "index.faiss"
+_SCHEMA_VERSION = 1
+
+Preset = Literal[
+    "pq96fs", "pq192fs", "opq96fs", "rabitq4", "rabitq3", "rabitqfs4", "sq4", "sq8", "hnsw-sq8"
+]
+PRESETS: dict[str, str] = {
+    "pq96fs": "IVF{nlist}_HNSW32,PQ96x4fs",
+    "pq192fs": "IVF{nlist}_HNSW32,PQ192x4fs",
+    "opq96fs": "OPQ96_{d},IVF{nlist}_HNSW32,PQ96x4fs",
+    "rabitq4": "IVF{nlist}_HNSW32,RaBitQ4",
+    "rabitq3": "IVF{nlist}_HNSW32,RaBitQ3",
+    "rabitqfs4": "IVF{nlist}_HNSW32,RaBitQfs4",
+    "sq4": "IVF{nlist}_HNSW32,SQ4",
+    "sq8": "IVF{nlist}_HNSW32,SQ8",
+    "hnsw-sq8": "HNSW32,SQ8",
+}
+"""Preset name -> faiss factory string. `pq*fs`: 4-bit fast-scan product codes (96 sub-quantizers
+make 48-byte codes), meant to be re-ranked from the flat file; `rabitq*`, `sq4`: 3-4 bits per
+dimension; `sq8`, `hnsw-sq8`: 8 bits per dimension, the near-lossless references."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SearchDefaults:
+    """Search settings a compressed index is served with unless told otherwise."""
+
+    nprobe: int = 64
+    """IVF cells scanned per query"""
+    k_factor: int = 32
+    """candidates re-ranked exactly from the flat file, per hit asked for (0: no re-rank)"""
+    ef_search: int = 0
+    """HNSW candidate list over the centroids (or over the vectors for hnsw-sq8); 0 picks
+    max(2·nprobe, 64)"""
+
+    def __post_init__(self) -> None:
+        if self.nprobe < 1 or self.k_factor < 0 or self.ef_search < 0:
+            raise ValueError(f"nprobe must be >= 1, k_factor and ef_search >= 0: {self}")
+
+    @property
+    def ef(self) -> int:
+        """The HNSW candidate list size actually used."""
+        return self.ef_search or max(2 * self.nprobe, 64)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompressConfig:
+    """How `compress_flat_index` builds."""
+
+    preset: Preset = "pq192fs"
+    """the index family (`PRESETS`; docs/decisions.md D21 says why pq192fs)"""
+    nlist: int = 0
+    """IVF cells; 0 picks n / 320 (65,536 for wiki-18), so that lists hold about 320 rows"""
+    train_per_list: int = 30
+    """training rows per IVF cell (faiss's k-means wants 39 or more and warns below; 30 at
+    wiki scale keeps the sample at 6 GB and k-means under an hour on 16 cores)"""
+    max_train: int = 2_000_000
+    """cap on the training sample"""
+    chunk_rows: int = 65_536
+    """rows read and added per step (about 200 MB at d = 768)"""
+    seed: int = 0
+    """seeds the sample and k-means"""
+    search: SearchDefaults = SearchDefaults()
+    """what `CompressedIndex` uses unless told otherwise"""
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ValueError(f"preset {self.preset!r}: choose one of {sorted(PRESETS)}")
+        if self.nlist < 0 or self.train_per_list < 1 or self.chunk_rows < 1 or self.max_train < 1:
+            raise ValueError(f"nlist >= 0, train_per_list, chunk_rows, max_train >= 1: {self}")
+
+    def nlist_for(self, n: int) -> int:
+        """The IVF cell count for `n` rows."""
+        return self.nlist or max(1, round(n / 320))
+
+    def factory(self, n: int, d: int) -> str:
+        """The faiss factory string for `n` rows of dimension `d`."""
+        return PRESETS[self.preset].format(nlist=self.nlist_for(n), d=d)
+
+    def n_train(self, n: int) -> int:
+        """Training rows for `n` rows."""
+        if self.preset == "hnsw-sq8":
+            return min(n, 100_000)  # SQ8 trains per-dimension ranges only
+        return min(n, self.max_train, max(self.train_per_list * self.nlist_for(n), 10_000))
+
+
+def _is_ivf(preset: str) -> bool:
+    return PRESETS[preset].startswith(("IVF", "OPQ"))
+
+
+def _read_rows(fd: int, flat: FlatVectors, rows: np.ndarray, buffer: np.ndarray) -> np.ndarray:
+    """Copy sorted `rows` of the flat file into `buffer[: len(rows)]`, one `pread` per run."""
+    row_bytes = 4 * flat.d
+    out = buffer[: len(rows)]
+    view = out.reshape(-1).view(np.uint8)
+    i = 0
+    while i < len(rows):
+        j = i + 1
+        while j < len(rows) and rows[j] == rows[j - 1] + 1:
+            j += 1
+        offset = flat.offset + int(rows[i]) * row_bytes
+        got = os.preadv(fd, [memoryview(view[i * row_bytes : j * row_bytes])], offset)
+        if got != (j - i) * row_bytes:
+            raise IndexFormatError(f"{flat.path}: short read at row {rows[i]}")
+        i = j
+    return out
+
+
+def compress_flat_index(
+    flat_path: str | Path,
+    out_dir: str | Path,
+    config: CompressConfig | None = None,
+    *,
+    n_rows: int | None = None,
+    centroids: np.ndarray | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Build a compressed index from a faiss flat file and write it to `out_dir`.
+
+    Args:
+        flat_path: an `IndexFlatIP` / `IndexFlatL2` file (Search-R1's `e5_Flat.index`).
+        out_dir: the directory to write (`index.faiss`, `compressed.json`); created if needed.
+        config: preset, cells, sample and chunk sizes, seed, search defaults.
+        n_rows: index only the first `n_rows` rows (benchmarks at several sizes); None: all.
+        centroids: IVF centroids (nlist, d) from an earlier build over the same rows, which
+            skips k-means (the codes are still trained); None: train them.
+        progress: draw a tqdm bar over the chunks.
+
+    Returns:
+        The record written to `compressed.json`.
+
+    Raises:
+        IndexFormatError: the flat file is not a faiss flat index.
+        ValueError: `n_rows` is out of range.
+    """
+    import faiss
+
+    config = config or CompressConfig()
+    flat_path = Path(flat_path)
+    out_dir = Path(out_dir)
+    flat = FlatVectors(flat_path)
+    n = flat.n if n_rows is None else n_rows
+    if not 1 <= n <= flat.n:
+        raise ValueError(f"n_rows={n_rows}: the flat file holds {flat.n} rows")
+    d = flat.d
+    metric = faiss.METRIC_INNER_PRODUCT if flat.metric == "inner_product" else faiss.METRIC_L2
+    factory = config.factory(n, d)
+    start = time.perf_counter()
+    index = faiss.index_factory(d, factory, metric)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.cp.seed = config.seed
+        ivf.cp.verbose = False
+        if centroids is not None:
+            if centroids.shape != (ivf.nlist, d):
+                raise ValueError(f"centroids of shape {centroids.shape}, expected {(ivf.nlist, d)}")
+            # a quantizer that holds nlist vectors is not trained again (faiss IndexIVF::train)
+            ivf.quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
+    elif centroids is not None:
+        raise ValueError(f"preset {config.preset} has no IVF centroids to reuse")
+    log.info("compressing %d rows of dim %d from %s as %s", n, d, flat_path, factory)
+
+    fd = os.open(flat_path, os.O_RDONLY)
+    try:
+        n_train = config.n_train(n)
+        rng = np.random.default_rng(config.seed)
+        rows = np.sort(rng.choice(n, size=n_train, replace=False))
+        sample = np.empty((n_train, d), dtype=np.float32)
+        _read_rows(fd, flat, rows, sample)
+        train_start = time.perf_counter()
+        index.train(sample)
+        train_s = time.perf_counter() - train_start
+        del sample
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+        add_start = time.perf_counter()
+        buffer = np.empty((config.chunk_rows, d), dtype=np.float32)
+        for lo in tqdm(
+            range(0, n, config.chunk_rows), desc="add", unit="chunk", disable=not progress
+        ):
+            hi = min(n, lo + config.chunk_rows)
+            chunk = _read_rows(fd, flat, np.arange(lo, hi), buffer)
+            index.add(chunk)
+            # the rows are read once: their page cache would only crowd out the server's
+            os.posix_fadvise(
+                fd, flat.offset + lo * 4 * d, (hi - lo) * 4 * d, os.POSIX_FADV_DONTNEED
+            )
+        add_s = time.perf_counter() - add_start
+    finally:
+        os.close(fd)
+        flat.close()
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    faiss.write_index(index, str(out_dir / _INDEX_NAME))
+    record: dict[str, Any] = {
+        "schema_version": _SCHEMA_VERSION,
+        "kind": "compressed",
+        "preset": config.preset,
+        "factory": factory,
+        "n_rows": n,
+        "dim": d,
+        "metric": flat.metric,
+        "nlist": config.nlist_for(n) if _is_ivf(config.preset) else 0,
+        "n_train": n_train,
+        "centroids": "given" if centroids is not None else "trained",
+        "seed": config.seed,
+        "threads": faiss.omp_get_max_threads(),
+        "flat_file": str(flat_path.resolve()),
+        "flat_fingerprint": file_fingerprint(flat_path),
+        "flat_rows": flat.n,
+        "index_bytes": (out_dir / _INDEX_NAME).stat().st_size,
+        "train_s": round(train_s, 3),
+        "add_s": round(add_s, 3),
+        "build_s": round(time.perf_counter() - start, 3),
+        "search": asdict(config.search),
+    }
+    (out_dir / COMPRESSED_NAME).write_text(json.dumps(record, indent=2) + "\n")
+    log.info(
+        "compressed index %s: %d rows, %.1f MB (%.1f B/row), built in %.1f s",
+        out_dir,
+        n,
+        record["index_bytes"] / 1e6,
+        record["index_bytes"] / n,
+        record["build_s"],
+    )
+    return record
+
+
+def read_compressed_record(directory: str | Path) -> dict[str, Any]:
+    """The `compressed.json` of a compressed index directory.
+
+    Raises:
+        IndexFormatError: it is missing, not JSON, or of another schema version.
+    """
+    path = Path(directory) / COMPRESSED_NAME
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise IndexFormatError(
+            f"{path}: cannot read it ({err}); build one with `tracerl index compress`"
+        ) from err
+    if record.get("schema_version") != _SCHEMA_VERSION or record.get("kind") != "compressed":
+        raise IndexFormatError(f"{path}: not a compressed index of schema {_SCHEMA_VERSION}")
+    return record
+
+
+class CompressedIndex:
+    """A compressed index directory, searched with an exact re-rank from its flat file.
+
+    Has `ntotal`, `d` and `search(vectors, k) -> (scores, ids)` like a faiss index, so
+    `PrebuiltRetriever` serves it with a corpus and an encoder.
+
+    Args:
+        directory: written by `compress_flat_index`.
+        flat_path: the flat file to re-rank from; None: the one the directory names. Needed
+            unless `search.k_factor` is 0.
+        search: search settings; None: the directory's defaults.
+
+    Raises:
+        IndexFormatError: a file is missing or unreadable.
+        IndexMismatchError: the flat file is not the one the index was built from.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        flat_path: str | Path | None = None,
+        search: SearchDefaults | None = None,
+    ) -> None:
+        import faiss
+
+        self.directory = Path(directory)
+        self.record = read_compressed_record(self.directory)
+        self.settings = search or SearchDefaults(**self.record["search"])
+        self._index = read_index(self.directory / _INDEX_NAME, mmap=False)
+        self.ntotal = int(self._index.ntotal)
+        self.d = int(self._index.d)
+        self._flat: FlatVectors | None = None
+        if self.settings.k_factor > 0:
+            path = Path(flat_path if flat_path is not None else self.record["flat_file"])
+            if not path.is_file():
+                raise IndexFormatError(
+                    f"flat file {path} not found: pass the e5_Flat.index the index was built "
+                    "from (--faiss-index), or serve without re-ranking (--k-factor 0)"
+                )
+            if file_fingerprint(path) != self.record["flat_fingerprint"]:
+                raise IndexMismatchError(
+                    f"{path} is not the flat file {self.directory} was built from (fingerprint "
+                    f"{file_fingerprint(path)}, expected {self.record['flat_fingerprint']})"
+                )
+            self._flat = FlatVectors(path)
+        self._ivf = faiss.try_extract_index_ivf(self._index)
+        self._ip = self.record["metric"] == "inner_product"
+        self.set_search(self.settings)
+
+    @property
+    def nlist(self) -> int:
+        """IVF cells (0 for an HNSW index)."""
+        return int(self._ivf.nlist) if self._ivf is not None else 0
+
+    def set_search(self, settings: SearchDefaults) -> None:
+        """Change nprobe / k_factor / ef_search (k_factor > 0 needs the flat file opened).
+
+        Raises:
+            ValueError: a re-rank is asked for, but the index was opened without its flat file.
+        """
+        import faiss
+
+        if settings.k_factor > 0 and self._flat is None:
+            raise ValueError("k_factor > 0 needs the flat file; open the index with k_factor > 0")
+        self.settings = settings
+        hnsw = faiss.SearchParametersHNSW(efSearch=settings.ef)
+        if self._ivf is not None:
+            self._params: Any = faiss.SearchParametersIVF(
+                nprobe=settings.nprobe, quantizer_params=hnsw
+            )
+        else:
+            self._params = hnsw
+
+    def centroids(self) -> np.ndarray:
+        """The IVF centroids (nlist, d), to reuse in another build over the same rows."""
+        if self._ivf is None:
+            raise ValueError(f"{self.directory} is not an IVF index")
+        return self._ivf.quantizer.reconstruct_n(0, self._ivf.nlist)
+
+    def coarse(self, vectors: np.ndarray) -> np.ndarray:
+        """The `nprobe` IVF cells each query scans, (Q, nprobe) (the coarse quantizer's step)."""
+        if self._ivf is None:
+            raise ValueError(f"{self.directory} is not an IVF index")
+        hnsw = self._params.quantizer_params
+        _, cells = self._ivf.quantizer.search(vectors, self.settings.nprobe, params=hnsw)
+        return cells
+
+    def close(self) -> None:
+        """Unmap the flat file."""
+        if self._flat is not None:
+            self._flat.close()
+            self._flat = None
+
+    @property
+    def flat(self) -> FlatVectors | None:
+        """The mapped flat file re-ranked from (None without re-rank)."""
+        return self._flat
+
+    def describe(self) -> dict[str, Any]:
+        """What a manifest records of this index (its build and search settings)."""
+        return {
+            "index_file": str(self.directory),
+            "compressed": {k: v for k, v in self.record.items() if k != "search"},
+            "search": asdict(self.settings),
+        }
+
+    def candidates(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The compressed index's own top `k·k_factor` (top `k` without re-rank), best first."""
+        n_candidates = min(self.ntotal, k * max(1, self.settings.k_factor))
+        return self._index.search(vectors, n_candidates, params=self._params)
+
+    def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top `k` rows per query, scored exactly from the flat file when re-ranking.
+
+        Args:
+            vectors: float32 queries, (Q, d).
+            k: hits per query.
+
+        Returns:
+            (scores, ids), each (Q, k); missing hits have id -1.
+        """
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        scores, ids = self.candidates(vectors, k)  # (Q, k·k_factor)
+        if self._flat is None:
+            return scores[:, :k], ids[:, :k]
+        return rerank(self._flat, vectors, ids, k, inner_product=self._ip)
+
+
+def rerank(
+    flat: FlatVectors, vectors: np.ndarray, ids: np.ndarray, k: int, *, inner_product: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top `k` among candidate rows `ids` (Q, m), scored from the flat file's rows.
+
+    Queries are done in blocks of 64, so the gathered rows stay under 64·m·4·d bytes.
+    """
+    n_q, m = ids.shape
+    out_scores = np.full((n_q, k), -np.inf if inner_product else np.inf, dtype=np.float32)
+    out_ids = np.full((n_q, k), -1, dtype=np.int64)
+    for lo in range(0, n_q, 64):
+        hi = min(n_q, lo + 64)
+        block = ids[lo:hi]
+        rows = flat.rows(np.maximum(block, 0))  # (b, m, d)
+        exact = np.matmul(rows, vectors[lo:hi, :, None])[..., 0]  # (b, m)
+        if not inner_product:
+            exact = (rows * rows).sum(-1) - 2 * exact + (vectors[lo:hi] ** 2).sum(-1)[:, None]
+        key = np.where(block >= 0, -exact if inner_product else exact, np.inf)
+        top = np.argsort(key, axis=1, kind="stable")[:, : min(k, m)]  # (b, k)
+        out_ids[lo:hi, : top.shape[1]] = np.where(
+            np.take_along_axis(key, top, 1) < np.inf, np.take_along_axis(block, top, 1), -1
+        )
+        out_scores[lo:hi, : top.shape[1]] = np.take_along_axis(exact, top, 1)
+    return out_scores, out_ids
+
+
+# nprobe(N) = NPROBE_SCALE · (N / 1e6) ** NPROBE_POWER: pq192fs with k_factor 32 met
+# 10-recall@10 >= 0.98 at 1M rows with nprobe 48, and the goal nprobe grew in proportion to N
+# from 0.25M to 1M for sq8 and rabitq3 (benchmarks/perf/retrieval_scale.py); beyond 1M this is
+# an extrapolation (docs/decisions.md D21).
+NPROBE_SCALE = 48.0
+NPROBE_POWER = 1.0
+
+
+def fitted_nprobe(n: int) -> int:
+    """The default nprobe for `n` rows (`NPROBE_SCALE`, `NPROBE_POWER`), at least 8."""
+    return max(8, math.ceil(NPROBE_SCALE * (n / 1e6) ** NPROBE_POWER))

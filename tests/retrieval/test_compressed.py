@@ -1,0 +1,290 @@
+"""The compressed index: built from a faiss flat file, re-ranked exactly from it, served unchanged.
+
+Vectors are clustered (a few hundred cells of a 32-d mixture), as text embeddings are, so IVF
+cells mean something; the flat file is written by faiss itself, as Search-R1 writes
+`e5_Flat.index`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+faiss = pytest.importorskip("faiss")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from retrieval.compressed import (  # noqa: E402
+    CompressConfig,
+    CompressedIndex,
+    SearchDefaults,
+    compress_flat_index,
+)
+from retrieval.errors import IndexFormatError, IndexMismatchError  # noqa: E402
+from retrieval.faiss_files import FlatVectors  # noqa: E402
+from retrieval.index_stats import exact_top_k, index_stats  # noqa: E402
+from retrieval.peers import (  # noqa: E402
+    gem_documents,
+    gem_request,
+    search_r1_documents,
+    search_r1_request,
+    skyrl_documents,
+    skyrl_request,
+)
+from retrieval.prebuilt import PrebuiltRetriever  # noqa: E402
+from retrieval.server import create_app  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+N, DIM = 6_000, 32
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def vectors() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((60, DIM))
+    return _unit(centres[rng.integers(0, 60, N)] + 0.4 * rng.standard_normal((N, DIM)))
+
+
+@pytest.fixture(scope="module")
+def queries(vectors: np.ndarray) -> np.ndarray:
+    rng = np.random.default_rng(1)
+    return _unit(vectors[rng.integers(0, N, 50)] + 0.2 * rng.standard_normal((50, DIM)))
+
+
+@pytest.fixture(scope="module")
+def flat_file(tmp_path_factory: pytest.TempPathFactory, vectors: np.ndarray) -> Path:
+    path = tmp_path_factory.mktemp("flat") / "e5_Flat.index"
+    index = faiss.IndexFlatIP(DIM)
+    index.add(vectors)
+    faiss.write_index(index, str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def sq8_dir(tmp_path_factory: pytest.TempPathFactory, flat_file: Path) -> Path:
+    out = tmp_path_factory.mktemp("sq8")
+    config = CompressConfig(preset="sq8", nlist=20, chunk_rows=1_000)
+    compress_flat_index(flat_file, out, config)
+    return out
+
+
+def test_flat_vectors_are_the_rows_faiss_wrote(flat_file: Path, vectors: np.ndarray) -> None:
+    flat = FlatVectors(flat_file)
+    assert (flat.n, flat.d, flat.metric) == (N, DIM, "inner_product")
+    assert np.array_equal(flat.vectors, vectors)
+    assert np.array_equal(flat.rows(np.array([[3, 5]])), vectors[[3, 5]][None])
+    flat.close()
+
+
+def test_a_file_that_is_not_flat_is_refused(tmp_path: Path, vectors: np.ndarray) -> None:
+    ivf = faiss.index_factory(DIM, "IVF4,Flat", faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors[:500])
+    ivf.add(vectors[:500])
+    faiss.write_index(ivf, str(tmp_path / "ivf.index"))
+    with pytest.raises(IndexFormatError, match="not a flat one"):
+        FlatVectors(tmp_path / "ivf.index")
+
+
+def test_a_truncated_flat_file_is_refused(tmp_path: Path, flat_file: Path) -> None:
+    short = tmp_path / "short.index"
+    short.write_bytes(flat_file.read_bytes()[:-100])
+    with pytest.raises(IndexFormatError, match="truncated"):
+        FlatVectors(short)
+
+
+def test_rerank_returns_exact_scores_and_the_exact_top_10(
+    sq8_dir: Path, flat_file: Path, vectors: np.ndarray, queries: np.ndarray
+) -> None:
+    # every cell scanned and 10x candidates: the re-ranked top 10 must be flat's own
+    index = CompressedIndex(sq8_dir, search=SearchDefaults(nprobe=20, k_factor=10))
+    scores, ids = index.search(queries, 10)
+    exact_scores, exact_ids = exact_top_k(vectors, queries, 10)
+    assert np.array_equal(ids, exact_ids)
+    np.testing.assert_allclose(scores, exact_scores, rtol=1e-5)
+    index.close()
+
+
+def test_without_rerank_scores_are_the_codes_own(sq8_dir: Path, queries: np.ndarray) -> None:
+    index = CompressedIndex(sq8_dir, search=SearchDefaults(nprobe=20, k_factor=0))
+    assert index.flat is None  # the flat file is not even opened
+    _, ids = index.search(queries, 10)
+    assert ids.shape == (50, 10) and (ids >= 0).all()
+
+
+def test_streaming_in_chunks_builds_the_same_index(
+    tmp_path: Path, flat_file: Path, sq8_dir: Path, queries: np.ndarray
+) -> None:
+    one = tmp_path / "one"
+    compress_flat_index(flat_file, one, CompressConfig(preset="sq8", nlist=20, chunk_rows=N))
+    assert (one / "index.faiss").read_bytes() == (sq8_dir / "index.faiss").read_bytes()
+
+
+def test_given_centroids_skip_kmeans_and_match(
+    tmp_path: Path, flat_file: Path, sq8_dir: Path
+) -> None:
+    centroids = CompressedIndex(sq8_dir).centroids()
+    out = tmp_path / "sq4"
+    record = compress_flat_index(
+        flat_file, out, CompressConfig(preset="sq4", nlist=20), centroids=centroids
+    )
+    assert record["centroids"] == "given"
+    assert np.array_equal(CompressedIndex(out).centroids(), centroids)
+
+
+def test_pq_fast_scan_with_rerank_finds_the_top_10(tmp_path: Path) -> None:
+    # pq192fs splits the vectors into 192 parts: 192-d here, one dimension per 4-bit code
+    rng = np.random.default_rng(2)
+    centres = rng.standard_normal((40, 192))
+    x = _unit(centres[rng.integers(0, 40, 1_500)] + 0.5 * rng.standard_normal((1_500, 192)))
+    q = _unit(x[:40] + 0.2 * rng.standard_normal((40, 192)))
+    flat = faiss.IndexFlatIP(192)
+    flat.add(x)
+    faiss.write_index(flat, str(tmp_path / "flat.index"))
+    out = tmp_path / "pq"
+    config = CompressConfig(preset="pq192fs", nlist=5, search=SearchDefaults(nprobe=5, k_factor=0))
+    compress_flat_index(tmp_path / "flat.index", out, config)
+    _, exact = exact_top_k(x, q, 10)
+
+    def recall(k_factor: int) -> float:
+        index = CompressedIndex(out, search=SearchDefaults(nprobe=5, k_factor=k_factor))
+        ids = index.search(q, 10)[1]
+        return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact, strict=True)]))
+
+    assert recall(16) >= 0.95
+    assert recall(16) > recall(0)  # the exact re-rank is what lifts 4-bit codes
+
+
+def test_another_flat_file_is_refused(tmp_path: Path, sq8_dir: Path, vectors: np.ndarray) -> None:
+    other = tmp_path / "other.index"
+    index = faiss.IndexFlatIP(DIM)
+    index.add(vectors[::-1].copy())
+    faiss.write_index(index, str(other))
+    with pytest.raises(IndexMismatchError, match="not the flat file"):
+        CompressedIndex(sq8_dir, flat_path=other)
+
+
+def test_stats_describe_the_geometry(flat_file: Path, sq8_dir: Path, queries: np.ndarray) -> None:
+    flat = index_stats(flat_file, queries, n_pairs=2_000)
+    assert flat.bytes_per_vector == pytest.approx(4 * DIM, rel=0.01)
+    assert 0 < flat.gap_1_10 < flat.query_top1 <= 1.0 + 1e-6
+    assert flat.gap_1_2 <= flat.gap_1_3 <= flat.gap_1_10
+    compressed = index_stats(sq8_dir, queries, n_pairs=2_000)
+    assert compressed.bytes_per_vector < flat.bytes_per_vector / 3  # 1 byte per dimension
+    assert compressed.query_top1 == pytest.approx(flat.query_top1, abs=1e-3)
+    with pytest.raises(IndexFormatError, match="dim"):
+        index_stats(flat_file, queries[:, :8], n_pairs=10)
+
+
+class _RowEncoder:
+    """A fake encoder: query "row N" embeds as passage N's vector."""
+
+    def __init__(self, vectors: np.ndarray) -> None:
+        self._vectors = vectors
+        self.name, self.fingerprint, self.dim = "rows", "rows-1", vectors.shape[1]
+
+    def encode(self, texts, *, progress: bool = False):
+        return self._vectors[[int(t.split()[-1]) for t in texts]]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "wiki.jsonl"
+    lines = (json.dumps({"id": str(i), "contents": f'"T{i}"\npassage {i}'}) for i in range(N))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _rounded(value):
+    if isinstance(value, float):
+        return round(value, 5)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
+
+
+def test_every_peer_client_gets_flat_s_answer_from_the_compressed_index(
+    sq8_dir: Path, flat_file: Path, corpus: Path, vectors: np.ndarray
+) -> None:
+    encoder = _RowEncoder(vectors)
+    compressed = CompressedIndex(sq8_dir, search=SearchDefaults(nprobe=20, k_factor=10))
+    served = PrebuiltRetriever(compressed, corpus, encoder)
+    reference = PrebuiltRetriever(flat_file, corpus, encoder)
+    assert served.manifest.params["compressed"]["preset"] == "sq8"
+    query = "row 17"
+    with TestClient(create_app(served)) as a, TestClient(create_app(reference)) as b:
+        for request, documents in (
+            (search_r1_request([query, "row 9"], 3), search_r1_documents),
+            (skyrl_request(query, 3), skyrl_documents),
+            (gem_request(query, 3), gem_documents),
+        ):
+            body, headers = request
+            got = a.post("/retrieve", content=body, headers=headers)
+            want = b.post("/retrieve", content=body, headers=headers)
+            assert got.status_code == want.status_code == 200
+            # same documents in the same order; scores equal up to float rounding (numpy and
+            # faiss sum the products in different orders)
+            assert _rounded(documents(got.content)) == _rounded(documents(want.content))
+    assert served.search([query], 1)[0][0].doc_id == "17"
+
+
+def test_the_cli_compresses_and_measures(tmp_path: Path, flat_file: Path, queries: np.ndarray):
+    out = tmp_path / "cli"
+    run = [sys.executable, "-m", "harness.cli", "index"]
+    done = subprocess.run(
+        [*run, "compress", "--faiss-index", str(flat_file), "--out", str(out), "--preset", "sq8",
+         "--nlist", "20", "--nprobe", "4"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((out / "compressed.json").read_text())
+    assert record["search"]["nprobe"] == 4 and record["n_rows"] == N
+    again = subprocess.run(
+        [*run, "compress", "--faiss-index", str(flat_file), "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    assert again.returncode != 0 and "--overwrite" in again.stderr
+    np.save(tmp_path / "q.npy", queries)
+    stats = subprocess.run(
+        [*run, "stats", str(out), "--queries", str(tmp_path / "q.npy"), "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
+    )  # fmt: skip
+    assert stats.returncode == 0, stats.stderr[-2000:]
+    assert json.loads(stats.stdout.splitlines()[-1])["n_vectors"] == N
+
+
+def test_serve_retriever_flags_open_a_compressed_index(tmp_path: Path) -> None:
+    from retrieval.cli import ServeConfig, _serve_retriever
+
+    rng = np.random.default_rng(3)
+    x = _unit(rng.standard_normal((2_000, 384)))  # the packaged MiniLM's dimension
+    flat = faiss.IndexFlatIP(384)
+    flat.add(x)
+    faiss.write_index(flat, str(tmp_path / "flat.index"))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(
+        "".join(json.dumps({"id": str(i), "contents": f"p{i}"}) + "\n" for i in range(2_000))
+    )
+    out = tmp_path / "sq8"
+    compress_flat_index(tmp_path / "flat.index", out, CompressConfig(preset="sq8", nlist=4))
+    with pytest.raises(ValueError, match="needs --corpus"):
+        _serve_retriever(ServeConfig(compressed=out))
+    with pytest.raises(ValueError, match="two different indexes"):
+        _serve_retriever(ServeConfig(compressed=out, index=tmp_path, corpus=corpus))
+    with pytest.raises(ValueError, match="go with --compressed"):
+        _serve_retriever(ServeConfig(faiss_index=tmp_path / "flat.index", corpus=corpus, nprobe=4))
+    served = _serve_retriever(ServeConfig(compressed=out, corpus=corpus, nprobe=4, k_factor=2))
+    assert served.manifest.params["search"]["nprobe"] == 4
+    assert served.manifest.params["search"]["k_factor"] == 2
+    hits = served.search(["anything at all"], 3)[0]
+    assert len(hits) == 3 and hits[0].score >= hits[1].score >= hits[2].score
