@@ -24,6 +24,7 @@ from retrieval.compressed import (  # noqa: E402
     CompressedIndex,
     SearchDefaults,
     compress_flat_index,
+    rerank,
 )
 from retrieval.errors import IndexFormatError, IndexMismatchError  # noqa: E402
 from retrieval.faiss_files import FlatVectors  # noqa: E402
@@ -111,6 +112,25 @@ def test_rerank_returns_exact_scores_and_the_exact_top_10(
     assert np.array_equal(ids, exact_ids)
     np.testing.assert_allclose(scores, exact_scores, rtol=1e-5)
     index.close()
+
+
+@pytest.mark.parametrize("inner_product", [True, False])
+def test_rerank_scores_each_candidate_exactly_and_pads_short_lists(
+    flat_file: Path, vectors: np.ndarray, queries: np.ndarray, inner_product: bool
+) -> None:
+    rng = np.random.default_rng(3)
+    ids = np.stack([rng.choice(N, 30, replace=False) for _ in queries])
+    ids[0, 5:] = -1  # a short candidate list, padded as faiss pads it
+    flat = FlatVectors(flat_file)
+    scores, top = rerank(flat, queries, ids, 10, inner_product=inner_product)
+    for q, row, got_s, got_i in zip(queries, ids, scores, top, strict=True):
+        cand = np.unique(row[row >= 0])
+        exact = vectors[cand] @ q if inner_product else ((vectors[cand] - q) ** 2).sum(1)
+        order = np.argsort(-exact if inner_product else exact, kind="stable")[:10]
+        assert set(got_i[: len(order)]) == set(cand[order])
+        np.testing.assert_allclose(got_s[: len(order)], exact[order], rtol=1e-5, atol=1e-6)
+    assert (top[0, 5:] == -1).all()  # 5 candidates give 5 hits
+    flat.close()
 
 
 def test_without_rerank_scores_are_the_codes_own(sq8_dir: Path, queries: np.ndarray) -> None:
