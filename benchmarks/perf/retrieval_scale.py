@@ -431,17 +431,19 @@ def probe_process(
     """
     if encoder_dir is None:
         encoder_import = encoder_load = first_query = ""
-        encoder_s = "0.0"
+        encoder_s = "0.0, 'encoder_libraries_s': 0.0"
     else:
         encoder_import = "from retrieval.prebuilt import PooledEncoder"
         encoder_load = (
             "te = time.perf_counter()\n"
+            "import torch, transformers\n"  # timed apart: the libraries' share of the start
+            "tl = time.perf_counter() - te\n"
             f"encoder = PooledEncoder({str(encoder_dir)!r}, precision={precision!r}, "
             f"cache_dir=__import__('pathlib').Path({str(onnx_cache)!r}))\n"
             "te = time.perf_counter() - te"
         )
         first_query = "q = encoder.encode(['query: who wrote the iliad'])"
-        encoder_s = "te"
+        encoder_s = "te, 'encoder_libraries_s': tl"
     code = _RSS_PROBE.format(
         root=str(Path(__file__).resolve().parents[2]),
         directory=str(directory),
