@@ -394,9 +394,9 @@ _RSS_PROBE = textwrap.dedent(
     import numpy as np
     from retrieval.compressed import CompressedIndex
     {encoder_import}
-    def anon():
+    def anon(field="Anonymous:"):
         for line in open("/proc/self/smaps_rollup"):
-            if line.startswith("Anonymous:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     a0 = anon()
     t1 = time.perf_counter()
@@ -412,6 +412,7 @@ _RSS_PROBE = textwrap.dedent(
     print(json.dumps({{"imports_s": t1 - t0, "open_s": t2 - t1, "first_answer_s": t3 - t0,
                        "cpu_s": use.ru_utime + use.ru_stime, "major_faults": use.ru_majflt,
                        "index_anonymous_bytes": a1 - a0, "anonymous_bytes": anon(),
+                       "rss_bytes": anon("Rss:"),
                        "encoder_s": {encoder_s}}}))
     """
 )
@@ -1041,8 +1042,9 @@ def headline_keys(args: Args, result: dict[str, Any], sizes: list[_SizeResult]) 
     # where the goal is missed, the best point of the sweep stands in (and goal_reached says so)
     at_goal = last["by_difficulty"][headline]["at_goal"] or max(curve, key=lambda c: c["recall10"])
     cold = result["cold_start_probe"]
-    # fixed memory: the probe process's anonymous memory minus its index part, at the largest N
-    fixed = cold["anonymous_bytes"] - cold["index_anonymous_bytes"]
+    # fixed memory: the probe process's resident memory minus its index part, at the largest N;
+    # resident, not only anonymous: torch maps the encoder's weights from their file
+    fixed = cold.get("rss_bytes", cold["anonymous_bytes"]) - cold["index_anonymous_bytes"]
     memory_21m = fixed + fit.get("index_bytes_21m", float("nan")) + 8 * WIKI18_ROWS  # + offsets
     disk_bytes = last.get("disk_bytes", last["index_bytes"])
     read_rate = disk_bytes / max(cold["open_s"], 1e-6)
