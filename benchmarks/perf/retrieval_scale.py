@@ -36,6 +36,7 @@ minute). Files go to `--work-dir` (runs/retrieval_scale) and are deleted unless 
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -271,7 +272,9 @@ def _cached_truth(
     args: Args, flat: FlatVectors, n: int, difficulty: str, queries: np.ndarray, fp16: bool
 ) -> QuerySet:
     """`ground_truth`, kept in the work dir so that a rerun does not scan the rows again."""
-    path = args.work_dir / f"truth_{n}_{difficulty}_{len(queries)}.npz"
+    # keyed by the queries themselves: another --sizes draws other queries of the same count
+    tag = hashlib.sha256(queries.tobytes()).hexdigest()[:12]
+    path = args.work_dir / f"truth_{n}_{difficulty}_{len(queries)}_{tag}.npz"
     if path.is_file():
         saved = np.load(path)
         fp16_top = saved["fp16_top"] if fp16 else None
