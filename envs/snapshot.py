@@ -182,7 +182,7 @@ class TurnRecord:
                     doc_id=_typed(item, "id", "hit", str),
                     title=_typed(item, "title", "hit", str),
                     text=_typed(item, "text", "hit", str),
-                    score=float(_typed(item, "score", "hit", (int, float))),
+                    score=_float(item, "score", "hit"),
                 )
             )
         return cls(kind=kind, content=_typed(record, "content", "turn", str), hits=tuple(hits))
@@ -265,7 +265,7 @@ class EnvSnapshot:
             max_turns=_typed(record, "max_turns", where, int),
             top_k=_typed(record, "top_k", where, int),
             reward=_typed(record, "reward", where, str),
-            f1_threshold=float(_typed(record, "f1_threshold", where, (int, float))),
+            f1_threshold=_float(record, "f1_threshold", where),
             max_doc_chars=_typed(record, "max_doc_chars", where, int),
             prompt_sha256=_typed(record, "prompt_sha256", where, str),
             protocol=_typed(record, "protocol", where, str) if "protocol" in record else "trace-rl",
@@ -301,6 +301,17 @@ def _typed(record: Any, key: str, where: str, types: type | tuple[type, ...]) ->
         got = "null" if value is None else _JSON_NAMES.get(type(value), "a list or an object")
         raise SnapshotError(f"{where} field {key!r} is {got}, which it cannot be", field=key)
     return value
+
+
+def _float(record: Any, key: str, where: str) -> float:
+    """`record[key]` as a float; a JSON integer too large for one is refused, not an overflow."""
+    value = _typed(record, key, where, (int, float))
+    try:
+        return float(value)
+    except OverflowError:
+        raise SnapshotError(
+            f"{where} field {key!r} is an integer too large for a float", field=key
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -119,8 +119,8 @@ class ForkableWrapper(gym.Wrapper[str, str, str, str]):
             )
         try:
             state = json.loads(snap.state)
-        except ValueError as err:
-            raise SnapshotError(f"wrapper state is not JSON: {err}", field="state") from err
+        except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
+            raise SnapshotError(f"wrapper state is not JSON: {err!r:.300}", field="state") from err
         copy.copy(self).load_wrapper_state(
             state
         )  # validate first, so a bad snapshot changes nothing
