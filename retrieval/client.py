@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -105,9 +106,11 @@ class HTTPRetriever:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
         try:
-            httpx.URL(url)
-        except httpx.InvalidURL as err:
+            host, _ = httpx.URL(url).host, urlsplit(url).port  # .port checks the range
+        except (httpx.InvalidURL, ValueError) as err:
             raise ValueError(f"url {url!r} is not a valid URL: {err}") from None
+        if not host:
+            raise ValueError(f"url {url!r} is not a valid URL: it names no host")
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
         if min(max_attempts, max_batch_queries, max_connections, max_doc_bytes) < 1:
