@@ -196,10 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0
     name, rest = args[0], args[1:]
-    command = resolve(name)
     _setup_logging(level)
     try:
-        code = command(rest)
+        code = resolve(name)(rest)
     except SystemExit as stop:
         if not isinstance(stop.code, str):
             raise  # tyro's usage errors and --help: already printed, with their exit code
