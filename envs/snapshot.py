@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,13 @@ MAX_WRAPPER_DEPTH = 64
 _MAX_ID_CHARS = 1_024  # task, index and document ids
 _MAX_STRING_CHARS = MAX_TEXT_CHARS  # any other string: turn contents, hit titles and texts
 _MAX_RNG_STATE_CHARS = 4_096  # the JSON of a PCG64 state is ~170 characters
+_SHORT = reprlib.Repr()  # Python 3.11's takes no arguments
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 80, 80, 40
+
+
+def short_repr(value: Any) -> str:
+    """A bounded repr for an error message: forged values can nest 5,000 deep or be huge."""
+    return _SHORT.repr(value)
 
 
 def check_hits(hits: Any, *, top_k: int) -> tuple[Hit, ...]:
@@ -254,7 +262,7 @@ class EnvSnapshot:
         version = _require(record, "schema_version", "snapshot")
         if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
-                f"snapshot schema_version {version!r} is not {SCHEMA_VERSION}, the one this "
+                f"snapshot schema_version {short_repr(version)} is not {SCHEMA_VERSION}, the one this "
                 "version of trace-rl reads; re-create the snapshot with this version",
                 field="schema_version",
             )
@@ -357,7 +365,7 @@ class WrapperSnapshot:
         version = _require(record, "schema_version", "wrapper snapshot")
         if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
-                f"wrapper snapshot schema_version {version!r} is not {SCHEMA_VERSION}",
+                f"wrapper snapshot schema_version {short_repr(version)} is not {SCHEMA_VERSION}",
                 field="schema_version",
             )
         state = _require(record, "state", "wrapper snapshot")
@@ -403,5 +411,5 @@ def _snapshot_from_json(record: Any, depth: int) -> AnySnapshot:
     if kind == "wrapper":
         return WrapperSnapshot._from_json(record, depth=depth)
     raise SnapshotError(
-        f"unknown snapshot kind {kind!r} (expected 'env' or 'wrapper')", field="kind"
+        f"unknown snapshot kind {short_repr(kind)} (expected 'env' or 'wrapper')", field="kind"
     )

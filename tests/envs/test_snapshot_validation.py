@@ -50,6 +50,13 @@ def _hit(**fields) -> dict:
     return {"id": "d1", "title": "Acme", "text": "Acme text", "score": 1.0} | fields
 
 
+def _deep(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def _forged() -> dict[str, dict]:
     """Snapshots that restored before the fix, each wrong in one way."""
     cases = {}
@@ -80,6 +87,9 @@ def _forged() -> dict[str, dict]:
     # issue 25: integers too large for a float overflowed instead of being refused
     case("a 400-digit f1_threshold", lambda r: r.update(f1_threshold=10**400))
     case("a 400-digit score", lambda r: r["turns"][0].update(hits=[_hit(score=-(10**400))]))
+    # ... and a value nested 5,000 deep broke the repr in the refusal's own message
+    case("a schema version nested 5,000 deep", lambda r: r.update(schema_version=_deep(5_000)))
+    case("a kind nested 5,000 deep", lambda r: r.update(kind=_deep(5_000)))
     return cases
 
 
