@@ -262,8 +262,8 @@ class EnvSnapshot:
         version = _require(record, "schema_version", "snapshot")
         if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
-                f"snapshot schema_version {short_repr(version)} is not {SCHEMA_VERSION}, the one this "
-                "version of trace-rl reads; re-create the snapshot with this version",
+                f"snapshot schema_version {short_repr(version)} is not {SCHEMA_VERSION}, the one "
+                "this version of trace-rl reads; re-create the snapshot with this version",
                 field="schema_version",
             )
         where = "snapshot"
