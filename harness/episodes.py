@@ -389,7 +389,8 @@ def apply_turn(
                 raise failed[i]
             observation, reward, terminated, truncated, info = e.env.step(completion.text)
         except RetrievalFailedError as err:
-            log.warning("episode of task %r ends as failed: %s", e.task_id, err)
+            if i not in failed:  # a failed batch was logged once, by prefetch_searches
+                log.warning("episode of task %r ends as failed: %s", e.task_id, err)
             observation, reward, terminated, truncated = "", 0.0, False, True
             info = {**e.info, "failed": "retrieval", "valid_action": True}
         e.reward += float(reward)

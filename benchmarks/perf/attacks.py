@@ -246,13 +246,15 @@ def server_attacks(index_dir: Path, *, n_idle: int = 1_100, descriptor_limit: in
 
 
 def _still_open(sock: socket.socket) -> bool:
+    """Whether the server still holds `sock` open: nothing to read, neither a status nor EOF."""
     sock.setblocking(False)
     try:
-        return sock.recv(1, socket.MSG_PEEK) != b""  # data (a status) or EOF: closed by the server
+        sock.recv(1, socket.MSG_PEEK)
     except BlockingIOError:
         return True
     except OSError:
         return False
+    return False
 
 
 def cli_bad_inputs() -> dict[str, Any]:
