@@ -31,7 +31,8 @@ from envs import fork as fork_env
 from envs.protocol import parse_action
 from harness.backends.base import Completion, PolicyBackend, SamplingParams
 from retrieval.cache import CachedRetriever
-from retrieval.deadline import deadline
+from retrieval.deadline import deadline, deadline_at
+from retrieval.errors import RetrieverUnavailable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -260,16 +261,19 @@ def prefetch_searches(
     queries the same way), and a remote server's micro-batcher sees them together. Only
     retrievers wrapped in a `CachedRetriever` (what `make_retriever` builds) can keep the
     results; others are left to the envs. All batched calls of the turn share one deadline,
-    the envs' `retrieval_deadline_s` (`retrieval.deadline`), so a hung server costs the turn
-    that deadline once, not once per searching episode.
+    the envs' `retrieval_deadline_s` (`retrieval.deadline`). A batch that fails because the
+    server is unavailable or the deadline ran out ends its episodes as failed, so a hung server
+    costs the turn that deadline once, not once per searching episode; a batch that fails for
+    another reason (a query the server refuses) leaves each env to ask on its own.
 
     Args:
         envs: The episodes' envs (any wrapper stack over a `SearchQAEnv`), in step order.
         actions: The action each env is about to take.
 
     Returns:
-        For each env (by index) whose batched call failed, the error its step would raise:
-        such an env is not stepped (asking again would spend the deadline again).
+        For each env (by index) whose batched call found the server unavailable or ran out of
+        time, the error its step would raise: such an env is not stepped (asking again would
+        spend the deadline again).
     """
     groups: dict[tuple[int, int], tuple[CachedRetriever, list[int], list[str]]] = {}
     deadlines: list[float] = []
@@ -291,14 +295,22 @@ def prefetch_searches(
             distinct = list(dict.fromkeys(queries))
             try:
                 retriever.search(distinct, k)
-            except Exception as err:  # any retriever failure ends these episodes, once
+            except Exception as err:
                 log.warning("a batch of %d queries failed: %r", len(distinct), err)
+                if not _ends_the_turn(err):  # e.g. one query refused: the others may pass alone
+                    continue
                 error = RetrievalFailedError(
                     f"the turn's batched search of {len(distinct)} queries failed: {err!r}"
                 )
                 error.__cause__ = err
                 failed.update(dict.fromkeys(indices, error))
     return failed
+
+
+def _ends_the_turn(err: Exception) -> bool:
+    """Whether a failed batch means its queries would fail alone too: no server, or no time."""
+    end = deadline_at()
+    return isinstance(err, RetrieverUnavailable) or (end is not None and time.monotonic() >= end)
 
 
 def advance(
