@@ -229,7 +229,7 @@ def is_user_error(err: BaseException) -> bool:
 def error_line(err: BaseException) -> str:
     """`err`'s message on one line: its first non-blank line (some libraries write pages).
 
-    >>> error_line(OSError("no such model\n\nsee the docs"))
+    >>> error_line(OSError("no such model\\n\\nsee the docs"))
     'no such model'
     >>> error_line(KeyError("task-7"))
     "KeyError: 'task-7'"
