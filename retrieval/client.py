@@ -232,7 +232,10 @@ class HTTPRetriever:
                 with (
                     attempt_ends_at(attempt_end),
                     self._sync_client().stream(
-                        method, self._url + path, **_request_kwargs(body)
+                        method,
+                        self._url + path,
+                        timeout=self._pool_wait(attempt_end),
+                        **_request_kwargs(body),
                     ) as response,
                 ):
                     self._check_length(method, path, response, cap)
@@ -301,7 +304,10 @@ class HTTPRetriever:
             try:
                 with attempt_ends_at(attempt_end):
                     async with self._async_client().stream(
-                        "POST", self._url + path, **_request_kwargs(body)
+                        "POST",
+                        self._url + path,
+                        timeout=self._pool_wait(attempt_end),
+                        **_request_kwargs(body),
                     ) as response:
                         self._check_length("POST", path, response, cap)
                         content = await _aread_capped(
@@ -338,6 +344,15 @@ class HTTPRetriever:
         if end is not None and end <= now:
             return None
         return now + self._timeout_s if end is None else min(end, now + self._timeout_s)
+
+    def _pool_wait(self, attempt_end: float) -> httpx.Timeout:
+        """The timeouts of one attempt; waiting for a free pooled connection is cut to its end.
+
+        Socket operations are cut by `retrieval.wall_clock`; the wait for a connection from a
+        full pool is httpcore's own, so it is cut here.
+        """
+        pool = max(0.001, attempt_end - time.monotonic())
+        return httpx.Timeout(self._timeout_s, connect=self._connect_timeout_s, pool=pool)
 
     def _cap(self, queries: list[str], k: int) -> int:
         """The most bytes a response to `queries` at `k` may take."""
