@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,13 @@ MAX_WRAPPER_DEPTH = 64
 _MAX_ID_CHARS = 1_024  # task, index and document ids
 _MAX_STRING_CHARS = MAX_TEXT_CHARS  # any other string: turn contents, hit titles and texts
 _MAX_RNG_STATE_CHARS = 4_096  # the JSON of a PCG64 state is ~170 characters
+_SHORT = reprlib.Repr()  # Python 3.11's takes no arguments
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 80, 80, 40
+
+
+def short_repr(value: Any) -> str:
+    """A bounded repr for an error message: forged values can nest 5,000 deep or be huge."""
+    return _SHORT.repr(value)
 
 
 def check_hits(hits: Any, *, top_k: int) -> tuple[Hit, ...]:
@@ -182,7 +190,7 @@ class TurnRecord:
                     doc_id=_typed(item, "id", "hit", str),
                     title=_typed(item, "title", "hit", str),
                     text=_typed(item, "text", "hit", str),
-                    score=float(_typed(item, "score", "hit", (int, float))),
+                    score=_float(item, "score", "hit"),
                 )
             )
         return cls(kind=kind, content=_typed(record, "content", "turn", str), hits=tuple(hits))
@@ -254,8 +262,8 @@ class EnvSnapshot:
         version = _require(record, "schema_version", "snapshot")
         if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
-                f"snapshot schema_version {version!r} is not {SCHEMA_VERSION}, the one this "
-                "version of trace-rl reads; re-create the snapshot with this version",
+                f"snapshot schema_version {short_repr(version)} is not {SCHEMA_VERSION}, the one "
+                "this version of trace-rl reads; re-create the snapshot with this version",
                 field="schema_version",
             )
         where = "snapshot"
@@ -265,7 +273,7 @@ class EnvSnapshot:
             max_turns=_typed(record, "max_turns", where, int),
             top_k=_typed(record, "top_k", where, int),
             reward=_typed(record, "reward", where, str),
-            f1_threshold=float(_typed(record, "f1_threshold", where, (int, float))),
+            f1_threshold=_float(record, "f1_threshold", where),
             max_doc_chars=_typed(record, "max_doc_chars", where, int),
             prompt_sha256=_typed(record, "prompt_sha256", where, str),
             protocol=_typed(record, "protocol", where, str) if "protocol" in record else "trace-rl",
@@ -301,6 +309,17 @@ def _typed(record: Any, key: str, where: str, types: type | tuple[type, ...]) ->
         got = "null" if value is None else _JSON_NAMES.get(type(value), "a list or an object")
         raise SnapshotError(f"{where} field {key!r} is {got}, which it cannot be", field=key)
     return value
+
+
+def _float(record: Any, key: str, where: str) -> float:
+    """`record[key]` as a float; a JSON integer too large for one is refused, not an overflow."""
+    value = _typed(record, key, where, (int, float))
+    try:
+        return float(value)
+    except OverflowError:
+        raise SnapshotError(
+            f"{where} field {key!r} is an integer too large for a float", field=key
+        ) from None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -346,7 +365,7 @@ class WrapperSnapshot:
         version = _require(record, "schema_version", "wrapper snapshot")
         if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
-                f"wrapper snapshot schema_version {version!r} is not {SCHEMA_VERSION}",
+                f"wrapper snapshot schema_version {short_repr(version)} is not {SCHEMA_VERSION}",
                 field="schema_version",
             )
         state = _require(record, "state", "wrapper snapshot")
@@ -392,5 +411,5 @@ def _snapshot_from_json(record: Any, depth: int) -> AnySnapshot:
     if kind == "wrapper":
         return WrapperSnapshot._from_json(record, depth=depth)
     raise SnapshotError(
-        f"unknown snapshot kind {kind!r} (expected 'env' or 'wrapper')", field="kind"
+        f"unknown snapshot kind {short_repr(kind)} (expected 'env' or 'wrapper')", field="kind"
     )

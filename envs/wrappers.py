@@ -18,7 +18,7 @@ from typing import Any, Self, SupportsFloat
 import gymnasium as gym
 
 from envs.errors import SnapshotError, UnforkableWrapperError
-from envs.snapshot import AnySnapshot, WrapperSnapshot
+from envs.snapshot import AnySnapshot, WrapperSnapshot, short_repr
 
 __all__ = ["BudgetMeter", "ForkableWrapper", "fork", "restore", "snapshot"]
 
@@ -119,8 +119,8 @@ class ForkableWrapper(gym.Wrapper[str, str, str, str]):
             )
         try:
             state = json.loads(snap.state)
-        except ValueError as err:
-            raise SnapshotError(f"wrapper state is not JSON: {err}", field="state") from err
+        except (ValueError, RecursionError) as err:  # RecursionError: nested too deeply
+            raise SnapshotError(f"wrapper state is not JSON: {err!r:.300}", field="state") from err
         copy.copy(self).load_wrapper_state(
             state
         )  # validate first, so a bad snapshot changes nothing
@@ -216,7 +216,7 @@ class BudgetMeter(ForkableWrapper):
             value = state.get(key) if isinstance(state, dict) else None
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SnapshotError(
-                    f"BudgetMeter state {key}={value!r} is not a count", field="state"
+                    f"BudgetMeter state {key}={short_repr(value)} is not a count", field="state"
                 )
             values[key] = value
         self.n_tool_calls = values["n_tool_calls"]

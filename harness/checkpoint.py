@@ -20,7 +20,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import re
 import shutil
+import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,16 @@ SCHEMA_VERSION = 1
 """Version of `state.json`; bumped on any change to its fields."""
 
 _LATEST = "latest.json"
+_STEP_DIR = re.compile(r"step_(\d+)")
+_READ_ERRORS = (
+    OSError,
+    ValueError,
+    RuntimeError,
+    EOFError,
+    pickle.UnpicklingError,
+    zipfile.BadZipFile,
+)
+"""What torch, numpy and json raise on a truncated or foreign file."""
 
 
 class CheckpointError(HarnessError, ValueError):
@@ -84,7 +97,9 @@ def save_checkpoint(
         optimizer: The optimizer's state dict (tensors, numbers, lists, dicts).
         predictor: The predictor's arrays.
         state: JSON-safe trainer state.
-        keep: Checkpoints to keep (older ones are deleted after the new one is in place).
+        keep: Checkpoints to keep, this one included: older ones (by step number) are deleted
+            after the new one is in place. Newer ones, left by a run that was resumed from an
+            earlier step, are left alone (this run overwrites them when it gets there).
 
     Returns:
         The checkpoint directory.
@@ -103,28 +118,44 @@ def save_checkpoint(
 
     write_dir_atomic(final, write)
     _write_atomic(root / _LATEST, json.dumps({"step": step, "path": final.name}))
-    for old in sorted(root.glob("step_*"))[: -max(keep, 1)]:
+    older = sorted((n, p) for p in root.iterdir() if (n := _step_of(p)) is not None and n < step)
+    for _, old in older[: max(len(older) - max(keep, 1) + 1, 0)]:
         shutil.rmtree(old)
     log.info("saved checkpoint step %d to %s", step, final)
     return final
+
+
+def _step_of(path: Path) -> int | None:
+    """The step of a checkpoint directory's name (`step_000010` -> 10), or None."""
+    match = _STEP_DIR.fullmatch(path.name)
+    return int(match.group(1)) if match and path.is_dir() else None
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run, or None if it has none.
 
     Raises:
-        CheckpointError: `latest.json` names a directory that is missing.
+        CheckpointError: `latest.json` is not a pointer, or names a directory that is missing.
     """
     pointer = run_dir / "checkpoints" / _LATEST
     if not pointer.exists():
         return None
+    fix = (
+        'point it at a complete step_* directory ({"step": 10, "path": "step_000010"}) or '
+        "start a new --run-dir"
+    )
     try:
-        name = json.loads(pointer.read_text(encoding="utf-8"))["path"]
-    except (ValueError, KeyError) as err:
-        raise CheckpointError(f"{pointer} is not a checkpoint pointer: {err!r}") from err
+        record = json.loads(pointer.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{pointer} is not a checkpoint pointer ({err}); {fix}") from err
+    name = record.get("path") if isinstance(record, dict) else None
+    if not isinstance(name, str) or _STEP_DIR.fullmatch(name) is None:
+        raise CheckpointError(
+            f"{pointer} holds no 'path' naming a step_* directory (got {str(record)[:100]}); {fix}"
+        )
     path = pointer.parent / name
     if not (path / "state.json").exists():
-        raise CheckpointError(f"{pointer} names {path}, which is missing or incomplete")
+        raise CheckpointError(f"{pointer} names {path}, which is missing or incomplete; {fix}")
     return path
 
 
@@ -141,8 +172,15 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
         torch_rng = torch.load(path / "rng.pt", weights_only=True)
         with np.load(path / "predictor.npz", allow_pickle=False) as data:
             predictor = {k: data[k] for k in data.files}
-    except (OSError, ValueError) as err:
-        raise CheckpointError(f"cannot read checkpoint {path}: {err}") from err
+    except _READ_ERRORS as err:
+        first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
+        raise CheckpointError(
+            f"cannot read checkpoint {path} ({first.strip()}): it is truncated or not one; "
+            f"delete it and point {path.parent / _LATEST} at an earlier step_* directory, or "
+            "start a new --run-dir"
+        ) from err
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"checkpoint {path}: state.json holds no step; it is not one")
     if state.get("schema_version") != SCHEMA_VERSION:
         raise CheckpointError(
             f"checkpoint {path} has schema_version={state.get('schema_version')!r}; this trace-rl "

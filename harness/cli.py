@@ -4,6 +4,10 @@
 command runs, as Gymnasium resolves an `entry_point`. So `tracerl --help` imports no torch, and
 the table adds no import edge between packages. Each package keeps its commands in its own
 `cli.py`; a command function takes the remaining argv and returns an exit code (or None for 0).
+
+`main` turns an error that escapes a command into one line on stderr: exit code 2 for bad input
+(a trace-rl typed error, a `ValueError`, an `OSError`, a `LookupError`, or a command's own
+`SystemExit` message), 1 for anything else. `-v` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -48,6 +52,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 log = logging.getLogger("tracerl")
+
+_OWN_PACKAGES = frozenset({"envs", "retrieval", "harness", "benchmarks", "trace_alloc"})
+_USAGE_ERROR = 2  # argparse's and tyro's exit code for bad input
 
 
 def _usage() -> str:
@@ -189,10 +196,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0
     name, rest = args[0], args[1:]
-    command = resolve(name)
     _setup_logging(level)
-    code = command(rest)
+    try:
+        code = resolve(name)(rest)
+    except SystemExit as stop:
+        if not isinstance(stop.code, str):
+            raise  # tyro's usage errors and --help: already printed, with their exit code
+        print(stop.code, file=sys.stderr)
+        return _USAGE_ERROR
+    except Exception as err:
+        if level <= logging.DEBUG:
+            raise
+        print(f"tracerl {name}: {error_line(err)}", file=sys.stderr)
+        if is_user_error(err):
+            return _USAGE_ERROR
+        print("(an internal error: rerun with -v for the traceback and report it)", file=sys.stderr)
+        return 1
     return int(code or 0)
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether `err` tells the user about their input rather than about a bug.
+
+    trace-rl's own typed errors are messages for the user by design; `ValueError`, `OSError`
+    (a missing, unreadable or unwritable path) and `LookupError` are what a bad argument
+    raises in the libraries underneath.
+    """
+    own = type(err).__module__.split(".")[0] in _OWN_PACKAGES
+    return own or isinstance(err, ValueError | OSError | LookupError)
+
+
+def error_line(err: BaseException) -> str:
+    """`err`'s message on one line: its first non-blank line (some libraries write pages).
+
+    >>> error_line(OSError("no such model\\n\\nsee the docs"))
+    'no such model'
+    >>> error_line(KeyError("task-7"))
+    "KeyError: 'task-7'"
+    """
+    text = "" if type(err) is KeyError else str(err)  # a bare KeyError's str is just the key
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    return first[:1_000] if first else f"{type(err).__name__}: {err}"
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ from envs import fork as fork_env
 from envs.protocol import parse_action
 from harness.backends.base import Completion, PolicyBackend, SamplingParams
 from retrieval.cache import CachedRetriever
+from retrieval.deadline import deadline, deadline_at
+from retrieval.errors import RetrieverUnavailable
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -249,43 +251,66 @@ def start_episodes(
     return episodes
 
 
-def prefetch_searches(envs: Sequence[gym.Env[str, str]], actions: Sequence[str]) -> int:
+def prefetch_searches(
+    envs: Sequence[gym.Env[str, str]], actions: Sequence[str]
+) -> dict[int, RetrievalFailedError]:
     """Send every search among `actions` to its env's retriever in one batched call.
 
     The envs then find the results in their retriever's cache when they step, so a turn of N
     searching episodes costs one retrieval request instead of N (Search-R1 batches a turn's
     queries the same way), and a remote server's micro-batcher sees them together. Only
     retrievers wrapped in a `CachedRetriever` (what `make_retriever` builds) can keep the
-    results; others are left to the envs. A failure here is not an error: each env then asks
-    on its own, and only the episodes whose own request fails end (see `advance`).
+    results; others are left to the envs. All batched calls of the turn share one deadline,
+    the envs' `retrieval_deadline_s` (`retrieval.deadline`). A batch that fails because the
+    server is unavailable or the deadline ran out ends its episodes as failed, so a hung server
+    costs the turn that deadline once, not once per searching episode; a batch that fails for
+    another reason (a query the server refuses) leaves each env to ask on its own.
 
     Args:
         envs: The episodes' envs (any wrapper stack over a `SearchQAEnv`), in step order.
         actions: The action each env is about to take.
 
     Returns:
-        Queries sent in batched calls (distinct per retriever).
+        For each env (by index) whose batched call found the server unavailable or ran out of
+        time, the error its step would raise: such an env is not stepped (asking again would
+        spend the deadline again).
     """
-    groups: dict[tuple[int, int], tuple[CachedRetriever, list[str]]] = {}
-    for env, action in zip(envs, actions, strict=True):
+    groups: dict[tuple[int, int], tuple[CachedRetriever, list[int], list[str]]] = {}
+    deadlines: list[float] = []
+    for i, (env, action) in enumerate(zip(envs, actions, strict=True)):
         base = env.unwrapped
         parsed = parse_action(action)
         if not isinstance(base, SearchQAEnv) or parsed.kind != "search":
             continue
         retriever = base.retriever
         if isinstance(retriever, CachedRetriever):
-            key = (id(retriever), base.config.top_k)
-            groups.setdefault(key, (retriever, []))[1].append(parsed.content)
-    n_sent = 0
-    for (_, k), (retriever, queries) in groups.items():
-        distinct = list(dict.fromkeys(queries))
-        try:
-            retriever.search(distinct, k)
-        except Exception as err:  # the envs retry one by one; only their own failures count
-            log.warning("a batch of %d queries failed (%r); per episode", len(distinct), err)
-            continue
-        n_sent += len(distinct)
-    return n_sent
+            group = groups.setdefault((id(retriever), base.config.top_k), (retriever, [], []))
+            group[1].append(i)
+            group[2].append(parsed.content)
+            if base.config.retrieval_deadline_s is not None:
+                deadlines.append(base.config.retrieval_deadline_s)
+    failed: dict[int, RetrievalFailedError] = {}
+    with deadline(min(deadlines, default=None)):
+        for (_, k), (retriever, indices, queries) in groups.items():
+            distinct = list(dict.fromkeys(queries))
+            try:
+                retriever.search(distinct, k)
+            except Exception as err:
+                log.warning("a batch of %d queries failed: %r", len(distinct), err)
+                if not _ends_the_turn(err):  # e.g. one query refused: the others may pass alone
+                    continue
+                error = RetrievalFailedError(
+                    f"the turn's batched search of {len(distinct)} queries failed: {err!r}"
+                )
+                error.__cause__ = err
+                failed.update(dict.fromkeys(indices, error))
+    return failed
+
+
+def _ends_the_turn(err: Exception) -> bool:
+    """Whether a failed batch means its queries would fail alone too: no server, or no time."""
+    end = deadline_at()
+    return isinstance(err, RetrieverUnavailable) or (end is not None and time.monotonic() >= end)
 
 
 def advance(
@@ -358,10 +383,13 @@ def apply_turn(
 
     Args, errors and the return value as `advance`'s; `completions[i]` continues `live[i]`.
     """
-    if batch_tool_calls:
+    failed = (
         prefetch_searches([e.env for e in live], [c.text for c in completions])
+        if batch_tool_calls
+        else {}
+    )
     n_generated = 0
-    for e, completion in zip(live, completions, strict=True):
+    for i, (e, completion) in enumerate(zip(live, completions, strict=True)):
         n = completion.n_tokens
         n_generated += n
         e.turn_starts.append(len(e.token_ids))
@@ -369,9 +397,12 @@ def apply_turn(
         e.action_mask.extend([True] * n)
         e.logprobs.extend(completion.logprobs or [0.0] * n)
         try:
+            if i in failed:
+                raise failed[i]
             observation, reward, terminated, truncated, info = e.env.step(completion.text)
         except RetrievalFailedError as err:
-            log.warning("episode of task %r ends as failed: %s", e.task_id, err)
+            if i not in failed:  # a failed batch was logged once, by prefetch_searches
+                log.warning("episode of task %r ends as failed: %s", e.task_id, err)
             observation, reward, terminated, truncated = "", 0.0, False, True
             info = {**e.info, "failed": "retrieval", "valid_action": True}
         e.reward += float(reward)

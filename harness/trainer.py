@@ -319,8 +319,16 @@ def set_up(config: TrainConfig) -> Run:
     # the policy, its tokenizer, and the frozen reference for the KL term
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(config.policy)
-    model = AutoModelForCausalLM.from_pretrained(config.policy, dtype=torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(config.policy)
+        model = AutoModelForCausalLM.from_pretrained(config.policy, dtype=torch.float32)
+    except (OSError, ValueError) as err:  # a missing folder, or a hub name that is no model
+        first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
+        raise HarnessError(
+            f"--policy {config.policy}: not a transformers model directory, nor a model the "
+            f"Hugging Face hub or its cache holds ({first.strip()}); build one with "
+            "`tracerl init-model`"
+        ) from err
     model.config.use_cache = False  # training passes need no KV cache
     reference = None
     if config.loss.kl_coef > 0:

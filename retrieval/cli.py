@@ -16,6 +16,7 @@ from retrieval.base import Hit
 from retrieval.batching import BatchingConfig
 from retrieval.compressed import Preset
 from retrieval.errors import RetrievalError
+from retrieval.guard import ConnectionLimits
 from retrieval.manifest import MANIFEST_NAME
 from retrieval.protocol import ServerLimits, render_result
 
@@ -188,6 +189,11 @@ class ServeConfig:
     spinning OpenMP threads steal each other's time."""
     limits: ServerLimits = field(default_factory=ServerLimits)
     batching: BatchingConfig = field(default_factory=BatchingConfig)
+    connections: ConnectionLimits = field(default_factory=ConnectionLimits)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65_535:
+            raise ValueError(f"--port {self.port} is not a TCP port (0..65535)")
 
 
 def index(argv: list[str]) -> int:
@@ -433,7 +439,15 @@ def serve_retriever(argv: list[str]) -> int:
     except ValueError as err:
         raise SystemExit(f"tracerl serve-retriever: {err}") from err
     try:
-        serve(app, host=config.host, port=config.port, on_ready=announce)
+        serve(
+            app,
+            host=config.host,
+            port=config.port,
+            on_ready=announce,
+            connections=config.connections,
+        )
+    except ValueError as err:
+        raise SystemExit(f"tracerl serve-retriever: {err}") from err
     except OSError as err:
         raise SystemExit(
             f"tracerl serve-retriever: cannot bind {config.host}:{config.port}: {err}"

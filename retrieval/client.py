@@ -10,10 +10,16 @@ a 429 is retried up to `max_attempts` attempts in all, sleeping
 `min(max_backoff_s, backoff_s · 2^attempt)` scaled by a random factor in [0.5, 1] between
 attempts; then `RetrieverUnavailable` names the URL, the attempt count and the last cause.
 An overall deadline bounds one call on top of that: the earlier of `deadline_s` (per call)
-and an enclosing `retrieval.deadline` block (an env step opens one). Every attempt's timeouts
-and every sleep are cut to the time left, and no attempt starts once it has run out.
-A 4xx other than 429 is the caller's mistake and raises `RequestRejected` at once, with the
-server's message. Large batches are split into requests of at most `max_batch_queries`
+and an enclosing `retrieval.deadline` block (an env step opens one). Each attempt ends by
+`timeout_s` of wall-clock time and by the call's deadline, whatever the server does: every
+connect, read and write is cut to the time left (`retrieval.wall_clock`), so a server that
+trickles its headers or body one byte at a time cannot stretch a call; every sleep is cut too,
+and no attempt starts once the deadline has passed.
+A response larger than its request can need (queries × k × `max_doc_bytes`, plus 64 KiB) is
+refused as `RetrievalError` as soon as it passes that size, so an endless body costs no more
+memory than that. A redirect (3xx) is refused with the address it points to, and so is any
+4xx other than 429 (the caller's mistake): `RequestRejected` at once, with the server's
+message. Large batches are split into requests of at most `max_batch_queries`
 queries (sent concurrently by `asearch`). A query that is empty after stripping gets no hits
 without a request, as the local indexes give none.
 """
@@ -28,8 +34,9 @@ import os
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterable, Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -37,12 +44,15 @@ from retrieval.base import Hit, check_k, check_queries
 from retrieval.deadline import deadline_at
 from retrieval.errors import RequestRejected, RetrievalError, RetrieverUnavailable
 from retrieval.protocol import PROTOCOLS, Protocol, encode_request, parse_response
+from retrieval.wall_clock import attempt_ends_at, install
 
 __all__ = ["HTTPRetriever"]
 
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
+_MARGIN_BYTES = 65_536  # the response's envelope and an error's message
+_HEALTH_MAX_BYTES = 1 << 20  # /health: status, limits and the index manifest
 
 
 class _Retryable(Exception):
@@ -54,8 +64,8 @@ class HTTPRetriever:
 
     Args:
         url: the server's base URL, e.g. `http://127.0.0.1:8000`.
-        timeout_s: the read/write timeout of one request.
-        connect_timeout_s: the connect timeout of one request.
+        timeout_s: the most one attempt may take, wall clock: connect, send, wait and read.
+        connect_timeout_s: the most the connect of one attempt may take.
         max_attempts: attempts per request, the first included.
         backoff_s: the first retry's base sleep; it doubles per attempt.
         max_backoff_s: the cap on one sleep.
@@ -69,6 +79,8 @@ class HTTPRetriever:
         protocol: the server's dialect: `"search-r1"` (batches; `tracerl serve-retriever`
             and Search-R1's servers), `"skyrl-gym"` (SkyRL's server: one query per JSON
             request) or `"gem"` (GEM's mosec server: one query per msgpack request).
+        max_doc_bytes: the most bytes one hit may take in a response, its JSON included; a
+            response to `q` queries at `k` is refused past `q * k * max_doc_bytes + 64 KiB`.
 
     >>> r = HTTPRetriever("http://127.0.0.1:8000", index_id="bm25-0123456789abcdef")
     >>> r.search(["", "   "], k=3)  # empty queries never reach the server
@@ -89,13 +101,26 @@ class HTTPRetriever:
         index_id: str | None = None,
         deadline_s: float | None = None,
         protocol: Protocol = "search-r1",
+        max_doc_bytes: int = 65_536,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
+        try:
+            host, _ = httpx.URL(url).host, urlsplit(url).port  # .port checks the range
+        except (httpx.InvalidURL, ValueError) as err:
+            raise ValueError(f"url {url!r} is not a valid URL: {err}") from None
+        if not host:
+            raise ValueError(f"url {url!r} is not a valid URL: it names no host")
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        if max_attempts < 1 or max_batch_queries < 1 or max_connections < 1:
-            raise ValueError("max_attempts, max_batch_queries and max_connections must be >= 1")
+        if min(max_attempts, max_batch_queries, max_connections, max_doc_bytes) < 1:
+            raise ValueError(
+                "max_attempts, max_batch_queries, max_connections and max_doc_bytes must be >= 1"
+            )
+        if not (timeout_s > 0 and connect_timeout_s > 0):
+            raise ValueError(
+                f"timeout_s and connect_timeout_s must be > 0, got {timeout_s}, {connect_timeout_s}"
+            )
         if deadline_s is not None and deadline_s <= 0:
             raise ValueError(f"deadline_s must be positive or None, got {deadline_s}")
         self._url = url.rstrip("/")
@@ -111,6 +136,7 @@ class HTTPRetriever:
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._protocol: Protocol = protocol
+        self._max_doc_bytes = max_doc_bytes
         # the peers' servers take one query per request
         self._max_batch_queries = max_batch_queries if protocol == "search-r1" else 1
         self._index_id = index_id
@@ -163,7 +189,7 @@ class HTTPRetriever:
             RequestRejected: the server has no `/health` (4xx).
             RetrievalError: the answer is not JSON.
         """
-        content = self._with_retries("GET", "/health", None, self._end())
+        content = self._with_retries("GET", "/health", None, self._end(), _HEALTH_MAX_BYTES)
         try:
             return json.loads(content)
         except ValueError as err:
@@ -187,25 +213,34 @@ class HTTPRetriever:
         rows: list[list[Hit]] = []
         for start in range(0, len(sent), self._max_batch_queries):
             chunk = sent[start : start + self._max_batch_queries]
-            content = self._with_retries(
-                "POST", "/retrieve", encode_request(chunk, k, self._protocol), end
-            )
+            body = encode_request(chunk, k, self._protocol)
+            content = self._with_retries("POST", "/retrieve", body, end, self._cap(chunk, k))
             rows += parse_response(content, len(chunk), self._protocol, source=self._source)
         return self._place(queries, rows)
 
-    def _with_retries(self, method: str, path: str, body: _Body | None, end: float | None) -> bytes:
+    def _with_retries(
+        self, method: str, path: str, body: _Body | None, end: float | None, cap: int
+    ) -> bytes:
         last: BaseException | None = None
         for attempt in range(self._max_attempts):
             if attempt:
                 time.sleep(self._sleep_s(attempt, end))
-            timeout = self._attempt_timeout(end)
-            if timeout is None:
+            attempt_end = self._attempt_end(end)
+            if attempt_end is None:
                 raise self._unavailable(method, path, last, attempt)
             try:
-                response = self._sync_client().request(
-                    method, self._url + path, timeout=timeout, **_request_kwargs(body)
-                )
-                return self._decode(method, path, response)
+                with (
+                    attempt_ends_at(attempt_end),
+                    self._sync_client().stream(
+                        method,
+                        self._url + path,
+                        timeout=self._pool_wait(attempt_end),
+                        **_request_kwargs(body),
+                    ) as response,
+                ):
+                    self._check_length(method, path, response, cap)
+                    content = _read_capped(response.iter_bytes(), cap, self._too_large(path, cap))
+                return self._decode(method, path, response, content)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
                 log.debug("%s %s%s attempt %d failed: %r", method, self._url, path, attempt, err)
@@ -215,7 +250,10 @@ class HTTPRetriever:
         with self._client_lock:
             self._forget_parent_pools()
             if self._client is None:
-                self._client = httpx.Client(timeout=self._timeout, limits=self._limits)
+                self._client = httpx.Client(
+                    timeout=self._timeout, limits=self._limits, headers=_HEADERS
+                )
+                install(self._client)
             return self._client
 
     def _forget_parent_pools(self) -> None:
@@ -242,7 +280,9 @@ class HTTPRetriever:
         ]
         responses = await asyncio.gather(
             *(
-                self._awith_retries("/retrieve", encode_request(c, k, self._protocol), end)
+                self._awith_retries(
+                    "/retrieve", encode_request(c, k, self._protocol), end, self._cap(c, k)
+                )
                 for c in chunks
             )
         )
@@ -253,19 +293,27 @@ class HTTPRetriever:
         ]
         return self._place(queries, rows)
 
-    async def _awith_retries(self, path: str, body: _Body, end: float | None) -> bytes:
+    async def _awith_retries(self, path: str, body: _Body, end: float | None, cap: int) -> bytes:
         last: BaseException | None = None
         for attempt in range(self._max_attempts):
             if attempt:
                 await asyncio.sleep(self._sleep_s(attempt, end))
-            timeout = self._attempt_timeout(end)
-            if timeout is None:
+            attempt_end = self._attempt_end(end)
+            if attempt_end is None:
                 raise self._unavailable("POST", path, last, attempt)
             try:
-                response = await self._async_client().post(
-                    self._url + path, timeout=timeout, **_request_kwargs(body)
-                )
-                return self._decode("POST", path, response)
+                with attempt_ends_at(attempt_end):
+                    async with self._async_client().stream(
+                        "POST",
+                        self._url + path,
+                        timeout=self._pool_wait(attempt_end),
+                        **_request_kwargs(body),
+                    ) as response:
+                        self._check_length("POST", path, response, cap)
+                        content = await _aread_capped(
+                            response.aiter_bytes(), cap, self._too_large(path, cap)
+                        )
+                return self._decode("POST", path, response, content)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
                 log.debug("POST %s%s attempt %d failed: %r", self._url, path, attempt, err)
@@ -275,7 +323,10 @@ class HTTPRetriever:
         with self._client_lock:
             self._forget_parent_pools()
             if self._aclient is None:
-                self._aclient = httpx.AsyncClient(timeout=self._timeout, limits=self._limits)
+                self._aclient = httpx.AsyncClient(
+                    timeout=self._timeout, limits=self._limits, headers=_HEADERS
+                )
+                install(self._aclient)
             return self._aclient
 
     # -- shared ----------------------------------------------------------------------------
@@ -287,14 +338,37 @@ class HTTPRetriever:
             ends.append(time.monotonic() + self._deadline_s)
         return min((e for e in ends if e is not None), default=None)
 
-    def _attempt_timeout(self, end: float | None) -> httpx.Timeout | None:
-        """One attempt's timeouts, cut to the time left; None once none is left."""
-        if end is None:
-            return self._timeout
-        left = end - time.monotonic()
-        if left <= 0:
+    def _attempt_end(self, end: float | None) -> float | None:
+        """When the next attempt must be over (`time.monotonic()`); None once `end` has passed."""
+        now = time.monotonic()
+        if end is not None and end <= now:
             return None
-        return httpx.Timeout(min(self._timeout_s, left), connect=min(self._connect_timeout_s, left))
+        return now + self._timeout_s if end is None else min(end, now + self._timeout_s)
+
+    def _pool_wait(self, attempt_end: float) -> httpx.Timeout:
+        """The timeouts of one attempt; waiting for a free pooled connection is cut to its end.
+
+        Socket operations are cut by `retrieval.wall_clock`; the wait for a connection from a
+        full pool is httpcore's own, so it is cut here.
+        """
+        pool = max(0.001, attempt_end - time.monotonic())
+        return httpx.Timeout(self._timeout_s, connect=self._connect_timeout_s, pool=pool)
+
+    def _cap(self, queries: list[str], k: int) -> int:
+        """The most bytes a response to `queries` at `k` may take."""
+        return len(queries) * k * self._max_doc_bytes + _MARGIN_BYTES
+
+    def _too_large(self, path: str, cap: int) -> RetrievalError:
+        return RetrievalError(
+            f"{self._url}{path} sent a response of over {cap} bytes, more than its request can "
+            f"need (queries x k x max_doc_bytes={self._max_doc_bytes}, plus {_MARGIN_BYTES}); "
+            "the server is broken, or raise HTTPRetriever's max_doc_bytes"
+        )
+
+    def _check_length(self, method: str, path: str, response: httpx.Response, cap: int) -> None:
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > cap:
+            raise self._too_large(path, cap)
 
     def _sleep_s(self, attempt: int, end: float | None) -> float:
         base = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
@@ -317,15 +391,21 @@ class HTTPRetriever:
             "timeout_s / max_attempts."
         )
 
-    def _decode(self, method: str, path: str, response: httpx.Response) -> bytes:
-        if response.status_code in _RETRY_STATUS:
-            raise _Retryable(f"HTTP {response.status_code}: {_detail(response)}")
-        if response.status_code >= 400:
+    def _decode(self, method: str, path: str, response: httpx.Response, content: bytes) -> bytes:
+        status = response.status_code
+        if status in _RETRY_STATUS:
+            raise _Retryable(f"HTTP {status}: {_detail(content)}")
+        if 300 <= status < 400:  # followed, a redirect could lead anywhere; the user decides
+            where = response.headers.get("location", "nowhere")
             raise RequestRejected(
-                f"{method} {self._url}{path} was rejected with HTTP {response.status_code}: "
-                f"{_detail(response)}"
+                f"{method} {self._url}{path} answered HTTP {status}, a redirect to {where}; "
+                "redirects are not followed: give the client the address the server names"
             )
-        return response.content
+        if status >= 400:
+            raise RequestRejected(
+                f"{method} {self._url}{path} was rejected with HTTP {status}: {_detail(content)}"
+            )
+        return content
 
     @staticmethod
     def _place(queries: list[str], rows: list[list[Hit]]) -> list[list[Hit]]:
@@ -368,11 +448,37 @@ def _request_kwargs(body: _Body | None) -> dict[str, Any]:
     return {"content": content, "headers": {"content-type": content_type} if content_type else {}}
 
 
-def _detail(response: httpx.Response) -> str:
+_HEADERS = {"accept-encoding": "identity"}
+"""Ask for no compression: the size cap then counts what the server sends."""
+
+
+def _read_capped(chunks: Iterable[bytes], cap: int, too_large: Exception) -> bytes:
+    """The body from `chunks`; `too_large` as soon as it passes `cap` bytes."""
+    parts, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _aread_capped(chunks: AsyncIterable[bytes], cap: int, too_large: Exception) -> bytes:
+    """`_read_capped` for an async body."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _detail(content: bytes) -> str:
     try:
-        body = response.json()
+        body = json.loads(content)
     except ValueError:
-        return response.text[:200]
+        return content[:200].decode("utf-8", "replace")
     if isinstance(body, dict) and "detail" in body:
-        return str(body["detail"])
+        return str(body["detail"])[:500]
     return str(body)[:200]

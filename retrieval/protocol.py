@@ -75,6 +75,17 @@ class ServerLimits:
     default_topk: int = 3
     """topk when a request sends none or null (Search-R1's launch default)"""
 
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_queries_per_request", "max_query_chars", "max_topk"):
+            if getattr(self, name) < 1:  # 0 would refuse every request
+                flag = "--limits." + name.replace("_", "-")
+                raise ValueError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if not 1 <= self.default_topk <= self.max_topk:
+            raise ValueError(
+                f"--limits.default-topk {self.default_topk} must be between 1 and "
+                f"--limits.max-topk {self.max_topk}"
+            )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RetrieveRequest:
@@ -339,5 +350,8 @@ def parse_result(body: Any, n_queries: int, *, source: str) -> list[list[Hit]]:
 
 def _hit(item: dict[str, Any]) -> Hit:
     document = item["document"]
-    title, text = parse_contents(str(document["contents"]))
+    contents = document["contents"]
+    if not isinstance(contents, str):  # str() would turn a null into the text "None"
+        raise TypeError(f"'contents' is {_json_type(contents)}, expected a string")
+    title, text = parse_contents(contents)
     return Hit(doc_id=str(document["id"]), title=title, text=text, score=float(item["score"]))

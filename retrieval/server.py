@@ -16,6 +16,10 @@ limit>"}` and never a 500: 413 for a body over `max_body_bytes`, 422 for a body 
 UTF-8 JSON or msgpack, for wrong field types, for an empty query list or an empty query, for
 too many queries, a query over `max_query_chars` or a `topk` over `max_topk`. 503 (with
 `Retry-After`) means the queue is full. The server binds 127.0.0.1 unless told otherwise.
+
+`serve` guards the connections themselves (`retrieval.guard`): a cap on open connections (503
+past it, logged), deadlines for a request's headers and body and for an idle keep-alive
+connection, and a cap on header size (431).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from starlette.requests import ClientDisconnect
 from retrieval.base import Retriever
 from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
 from retrieval.errors import InvalidRequest
+from retrieval.guard import ConnectionLimits, check_descriptor_room, guarded_protocol
 from retrieval.manifest import IndexManifest
 from retrieval.protocol import ServerLimits, parse_request, render_response
 
@@ -149,6 +154,7 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     on_ready: Callable[[str], None] | None = None,
+    connections: ConnectionLimits | None = None,
 ) -> None:
     """Run `app` until interrupted.
 
@@ -158,7 +164,17 @@ def serve(
         port: the TCP port; 0 picks a free one.
         on_ready: called with the base URL (`http://host:port`, the real port) once the
             server accepts connections.
+        connections: the connection guard's limits (`retrieval.guard`).
+
+    Raises:
+        ValueError: the port is not in 0..65535, or the descriptor limit leaves no room for
+            `connections.max_open` sockets.
+        OSError: the address cannot be bound.
     """
+    connections = connections or ConnectionLimits()
+    if not 0 <= port <= 65_535:
+        raise ValueError(f"port {port} is not a TCP port (0..65535)")
+    check_descriptor_room(connections)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -166,7 +182,15 @@ def serve(
     bound_port = sock.getsockname()[1]
     url_host = f"[{host}]" if family == socket.AF_INET6 else host
     url = f"http://{url_host}:{bound_port}"
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30)
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        http=guarded_protocol(connections),
+        timeout_keep_alive=connections.idle_timeout_s,
+        # the guard answers 431 first; h11's own cap (a 400) only backs it up
+        h11_max_incomplete_event_size=connections.max_header_bytes + 1_024,
+    )
     server = _AnnouncingServer(config, lambda: on_ready(url) if on_ready else None)
     if host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("serving on %s: reachable from other machines", host)

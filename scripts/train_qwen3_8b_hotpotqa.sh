@@ -11,7 +11,9 @@
 #                 (FlashRAG's HotpotQA train/dev from the hub, or --hub-path / --train-file)
 #   3. retriever: a Search-R1 wiki-18 e5 server (Search-R1's retrieval_launch.sh) on port 8000,
 #                 or `tracerl serve-retriever --index DIR --host 0.0.0.0 --port 8000`. It must be
-#                 reachable from every node: the trainer actor runs where Ray places it.
+#                 reachable from every node: the trainer actor runs where Ray places it. Beyond
+#                 a trusted cluster network, put a reverse proxy in front instead (docs/retrieval.md,
+#                 "Connections"); the server's own connection limits are listed there.
 #
 # Single node, 8 GPUs:
 #   bash scripts/train_qwen3_8b_hotpotqa.sh

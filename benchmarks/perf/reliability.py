@@ -1,6 +1,6 @@
-"""Reliability: bad bodies, a hung server under the step deadline, property-test case counts.
+"""Reliability: bad bodies, a hung server, hostile servers and clients, property-test counts.
 
-Three measurements, each against the real code paths:
+Four measurements, each against the real code paths:
 
 - **bad bodies**: `tracerl serve-retriever` (a subprocess over a small BM25 index) is sent a
   fixed corpus of bad `POST /retrieve` bodies (`BAD_BODIES`: malformed and deeply nested JSON,
@@ -16,7 +16,17 @@ Three measurements, each against the real code paths:
   runs them) with `--hypothesis-show-statistics`; reported per test: passing cases and the
   outcome events the tests record (e.g. restored vs refused snapshots, HTTP statuses).
 
-Run: `python -m benchmarks.perf.reliability --json` (`--quick`: one hung step, no properties).
+- **attacks** (issue 25; `benchmarks.perf.attacks` says how each is made): steps against
+  servers that trickle headers, body or a chunked body; a turn of 64 episodes on a hung server
+  through the engine's batched prefetch; an endless body; 1,100 idle sockets against a server
+  under `ulimit -n 1024`; a 500 MB header; every bad command line of every `tracerl`
+  subcommand; `--n-snapshots` randomly mutated snapshots. The last line's top-level keys
+  (`worst_step_s_trickle`, `worst_turn_s_hung_64_episodes`, `peak_rss_mb_endless_body`,
+  `idle_connections_refused_cleanly`, `header_500mb_status`, `cli_bad_inputs_with_traceback`,
+  `snapshot_mutations_untyped_errors`, ...) are the issue's figures.
+
+Run: `python -m benchmarks.perf.reliability --json` (`--quick`: one hung step, no properties,
+500 snapshot mutations and no other attack).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import httpx
 import tyro
 
 from benchmarks.meta import run_meta
+from benchmarks.perf import attacks
 from benchmarks.perf.retrieval_server import start_server
 from envs import QATask, RetrievalFailedError, SearchQAEnv, TaskSet
 from retrieval import BM25Retriever, Document, HTTPRetriever
@@ -55,14 +66,19 @@ class Args:
     """the Hypothesis profile of the property run (tests/conftest.py: ci, thorough)"""
     properties: bool = True
     """run the property tests and count their cases"""
+    attacks: bool = True
+    """run the hostile servers and clients (about 2 minutes)"""
+    n_snapshots: int = 20_000
+    """mutated snapshots to restore"""
     quick: bool = False
-    """a smoke test: one hung step, no property run"""
+    """a smoke test: one hung step, no property run, 500 snapshots, no other attack"""
     json: bool = False
     """print one JSON object as the last line of stdout"""
 
     def __post_init__(self) -> None:
         if self.quick:
             self.n_steps, self.properties = 1, False
+            self.attacks, self.n_snapshots = False, 500
 
 
 def _body(payload: Any) -> bytes:
@@ -206,8 +222,44 @@ def parse_statistics(text: str) -> dict[str, Any]:
     return tests
 
 
+def run_attacks(args: Args, index_dir: Path) -> dict[str, Any]:
+    """The issue-25 attacks; `figures` holds the headline keys of the last line."""
+    out: dict[str, Any] = {
+        "snapshots": attacks.snapshot_mutations(args.n_snapshots),
+    }
+    figures: dict[str, Any] = {
+        "snapshot_mutations_untyped_errors": out["snapshots"]["outcomes"].get("untyped", 0),
+        "snapshot_mutations_total": args.n_snapshots,
+    }
+    print(f"snapshots: {out['snapshots']['outcomes']}", file=sys.stderr)
+    if not args.attacks:
+        return {**out, "figures": figures}
+    steps: list[tuple[str, Any]] = [
+        ("trickle", attacks.trickle_steps),
+        ("hung_turn", attacks.hung_turn),
+        ("endless_body", attacks.endless_body),
+        ("server", lambda: attacks.server_attacks(index_dir)),
+        ("cli", attacks.cli_bad_inputs),
+    ]
+    for name, run in steps:
+        out[name] = run()
+        print(f"{name}: {json.dumps(out[name])[:300]}", file=sys.stderr)
+    figures |= {
+        "worst_step_s_trickle": out["trickle"]["worst_step_s"],
+        "deadline_s": out["trickle"]["deadline_s"],
+        "worst_turn_s_hung_64_episodes": out["hung_turn"]["turn_s"],
+        "peak_rss_mb_endless_body": out["endless_body"]["growth_mb"],
+        "idle_connections_refused_cleanly": out["server"]["idle_connections_refused_cleanly"],
+        "header_500mb_status": out["server"]["header_500mb_status"],
+        "header_500mb_server_growth_mb": out["server"]["header_500mb_server_growth_mb"],
+        "cli_bad_inputs_with_traceback": len(out["cli"]["with_traceback"]),
+        "cli_bad_inputs_total": out["cli"]["n_cases"],
+    }
+    return {**out, "figures": figures}
+
+
 def main(args: Args) -> dict[str, Any]:
-    """Run the three measurements."""
+    """Run the four measurements."""
     docs = [
         Document(doc_id=f"d{i}", title=f"City {i}", text=f"City {i} is a capital of land {i}.")
         for i in range(200)
@@ -221,11 +273,14 @@ def main(args: Args) -> dict[str, Any]:
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    print(f"bad bodies: {bodies['n_4xx']}/{bodies['n_bodies']} got a 4xx", file=sys.stderr)
-    hung = hung_server(args.n_steps)
-    print(f"hung server: worst step {hung['worst_step_s']:.2f} s", file=sys.stderr)
+        print(f"bad bodies: {bodies['n_4xx']}/{bodies['n_bodies']} got a 4xx", file=sys.stderr)
+        hung = hung_server(args.n_steps)
+        print(f"hung server: worst step {hung['worst_step_s']:.2f} s", file=sys.stderr)
+        attack_results = run_attacks(args, index_dir)
     props = properties(args.profile) if args.properties else None
     return {
+        **attack_results.pop("figures"),
+        "attacks": attack_results,
         "bad_bodies": bodies,
         "hung_server": hung,
         "properties": props,

@@ -70,10 +70,24 @@ class Args:
             self.n_docs, self.n_requests = 32, 64
 
 
-def start_server(index_dir: Path, *extra: str, timeout_s: float = 300.0) -> tuple[Any, str]:
-    """`tracerl serve-retriever` on a free port; returns (process, base URL) once it is ready."""
+def start_server(
+    index_dir: Path,
+    *extra: str,
+    timeout_s: float = 300.0,
+    descriptor_limit: int | None = None,
+    stderr: Any = None,
+) -> tuple[Any, str]:
+    """`tracerl serve-retriever` on a free port; returns (process, base URL) once it is ready.
+
+    `descriptor_limit` sets the server's `ulimit -n` (soft and hard); `stderr` is where its log
+    goes (None: this process's stderr).
+    """
     cmd = [sys.executable, "-m", "harness.cli", "-q", "serve-retriever", "--index", str(index_dir)]
-    proc = subprocess.Popen([*cmd, "--port", "0", *extra], stdout=subprocess.PIPE, text=True)
+    if descriptor_limit is not None:  # the shell's ulimit: no preexec_fn in a threaded parent
+        cmd = ["sh", "-c", f'ulimit -n {int(descriptor_limit)} && exec "$0" "$@"', *cmd]
+    proc = subprocess.Popen(
+        [*cmd, "--port", "0", *extra], stdout=subprocess.PIPE, stderr=stderr, text=True
+    )
     lines: queue.Queue[str] = queue.Queue()
 
     def pump() -> None:

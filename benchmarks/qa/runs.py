@@ -90,29 +90,30 @@ class RunState:
 def read_finished(path: Path) -> dict[str, dict[str, EpisodeRecord]]:
     """The episodes a run streamed to `trajectories.jsonl`: agent -> task id -> record.
 
-    A last line without its newline (the run was killed while writing it) is ignored; any other
-    unreadable line is an error.
+    A last line without its newline (the run was killed while writing it) is ignored, whatever
+    byte it was cut at (inside a multi-byte UTF-8 character too: the file is read as bytes and
+    only whole lines are decoded); any other unreadable line is an error.
 
     Raises:
-        BenchmarkError: a line in the middle of the file is not an episode.
+        BenchmarkError: a line in the middle of the file is not an episode (names the line).
     """
     finished: dict[str, dict[str, EpisodeRecord]] = defaultdict(dict)
     if not path.is_file():
         return finished
-    lines = path.read_text("utf-8").split("\n")
+    lines = path.read_bytes().split(b"\n")
     if lines and lines[-1]:
         log.warning("%s: ignoring a last line cut short by the stop", path)
     for line_no, line in enumerate(lines[:-1], start=1):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = json.loads(line.decode("utf-8"))
             finished[str(record["agent"])][str(record["task_id"])] = EpisodeRecord.from_json(record)
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as err:
             raise BenchmarkError(
-                f"--resume: {path}:{line_no} is not an episode ({err}); remove the line or rerun "
-                "without --resume"
-            ) from err
+                f"--resume: {path}:{line_no} is not an episode ({type(err).__name__}: "
+                f"{str(err)[:200]}); remove the line or rerun without --resume"
+            ) from None
     return finished
 
 

@@ -234,3 +234,41 @@ def test_run_bench_is_the_command_from_python_stoppable_and_resumable(tmp_path: 
     assert [e.to_json() for e in resumed.reports[0].episodes] == [
         e.to_json() for e in full.reports[0].episodes
     ]
+
+
+# -- issue 25: a torn last line at any byte, a corrupt middle line in one line ---------------
+
+
+def test_resume_survives_a_last_line_cut_at_any_byte_even_inside_a_character(
+    flashrag: Path,
+) -> None:
+    from harness.cli import main
+
+    fresh = flashrag / "fresh"
+    assert main(["bench", *_naive_args(flashrag, fresh)]) == 0
+    whole = (fresh / "trajectories.jsonl").read_bytes()
+    last_start = whole.rstrip(b"\n").rfind(b"\n") + 1
+    umlaut = whole.index("ü".encode(), last_start)  # "Zürich" is written as UTF-8, not \u00fc
+    for cut in (umlaut + 1, last_start + 1, len(whole) - 1):
+        out = flashrag / f"cut{cut}"
+        assert main(["bench", *_naive_args(flashrag, out)]) == 0
+        (out / "trajectories.jsonl").write_bytes(whole[:cut])
+        assert main(["bench", *_naive_args(flashrag, out), "--resume"]) == 0
+        assert (out / "trajectories.jsonl").read_bytes() == whole
+
+
+def test_a_corrupt_middle_line_is_one_line_naming_it_and_no_traceback(
+    flashrag: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    from harness.cli import main
+
+    out = flashrag / "run"
+    assert main(["bench", *_naive_args(flashrag, out)]) == 0
+    lines = (out / "trajectories.jsonl").read_bytes().split(b"\n")
+    lines[1] = lines[1][:10] + b"\xff\xfe" + lines[1][12:]  # not UTF-8 any more
+    (out / "trajectories.jsonl").write_bytes(b"\n".join(lines))
+    capsys.readouterr()
+    assert main(["bench", *_naive_args(flashrag, out), "--resume"]) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "trajectories.jsonl:2 is not an episode" in errors[0]
+    assert "\n" not in errors[0] and "Traceback" not in capsys.readouterr().err

@@ -56,3 +56,5 @@ def test_quick_run_gets_a_4xx_for_every_bad_body_and_bounds_a_hung_step():
     assert result["bad_bodies"]["good_request_after"] == 200
     assert result["hung_server"]["causes"] == ["RetrieverUnavailable"]
     assert result["hung_server"]["worst_step_s"] < result["hung_server"]["retry_budget_s"]
+    assert result["snapshot_mutations_total"] == 500  # --quick: the one attack it runs
+    assert result["snapshot_mutations_untyped_errors"] == 0, result["attacks"]["snapshots"]

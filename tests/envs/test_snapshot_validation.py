@@ -50,6 +50,13 @@ def _hit(**fields) -> dict:
     return {"id": "d1", "title": "Acme", "text": "Acme text", "score": 1.0} | fields
 
 
+def _deep(depth: int) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
 def _forged() -> dict[str, dict]:
     """Snapshots that restored before the fix, each wrong in one way."""
     cases = {}
@@ -77,6 +84,12 @@ def _forged() -> dict[str, dict]:
     case("a score that is a string", lambda r: r["turns"][0].update(hits=[_hit(score="1")]))
     case("a huge index id", lambda r: r.update(index_id="i" * 100_000))
     case("a boolean schema version", lambda r: r.update(schema_version=True))
+    # issue 25: integers too large for a float overflowed instead of being refused
+    case("a 400-digit f1_threshold", lambda r: r.update(f1_threshold=10**400))
+    case("a 400-digit score", lambda r: r["turns"][0].update(hits=[_hit(score=-(10**400))]))
+    # ... and a value nested 5,000 deep broke the repr in the refusal's own message
+    case("a schema version nested 5,000 deep", lambda r: r.update(schema_version=_deep(5_000)))
+    case("a kind nested 5,000 deep", lambda r: r.update(kind=_deep(5_000)))
     return cases
 
 
@@ -140,6 +153,17 @@ def test_a_deep_wrapper_state_is_a_snapshot_error():
               "inner": _record()}  # fmt: skip
     with pytest.raises(SnapshotError):
         snapshot_from_json(record)
+
+
+def test_a_wrapper_state_nested_5000_deep_is_refused_on_restore():
+    # a WrapperSnapshot built in Python (never through from_json) reached json.loads's recursion
+    wrapped = BudgetMeter(_env())
+    wrapped.reset(seed=7, options={"task_id": "q1"})
+    good = envs.snapshot(wrapped)
+    deep = dataclasses.replace(good, state="[" * 5_000 + "]" * 5_000)
+    with pytest.raises(SnapshotError, match="wrapper state is not JSON"):
+        envs.restore(wrapped, deep)
+    assert envs.snapshot(wrapped) == good
 
 
 # -- fuzzing: mutate a valid snapshot anywhere ------------------------------------------------
