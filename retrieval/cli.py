@@ -14,6 +14,7 @@ import tyro
 
 from retrieval.base import Hit
 from retrieval.batching import BatchingConfig
+from retrieval.compressed import Preset
 from retrieval.errors import RetrievalError
 from retrieval.guard import ConnectionLimits
 from retrieval.manifest import MANIFEST_NAME
@@ -105,10 +106,8 @@ class CompressCommand:
     """the flat faiss file (IndexFlatIP / IndexFlatL2) whose rows to compress"""
     out: Path
     """the directory to write (index.faiss, compressed.json)"""
-    preset: Literal[
-        "pq96fs", "pq192fs", "opq96fs", "rabitq4", "rabitq3", "rabitqfs4", "sq4", "sq8", "hnsw-sq8"
-    ] = "pq192fs"
-    """the index family (docs/decisions.md D21 says why pq192fs)"""
+    preset: Preset = "rabitqfs"
+    """the index family (docs/decisions.md D31 says why rabitqfs)"""
     nlist: int = 0
     """IVF cells; 0 picks rows / 320"""
     train_per_list: int = 30
@@ -118,10 +117,11 @@ class CompressCommand:
     seed: int = 0
     """seeds the sample and k-means"""
     nprobe: int = 0
-    """the served default of cells scanned per query; 0 picks the fitted value for the row
-    count (docs/decisions.md D21)"""
-    k_factor: int = 32
-    """the served default of candidates re-ranked exactly per hit asked for"""
+    """the served default of cells scanned per query; 0 picks the preset's fitted value for the
+    row count (`retrieval.compressed.SEARCH_LAWS`, docs/decisions.md D31)"""
+    k_factor: int | None = None
+    """the served default of candidates re-ranked exactly per hit asked for (0: none); unset
+    picks the preset's fitted value for the row count"""
     threads: int | None = None
     """faiss threads (None: one per core); the build's k-means depends on it"""
     overwrite: bool = False
@@ -265,7 +265,7 @@ def _compress(config: CompressCommand) -> None:
         CompressConfig,
         SearchDefaults,
         compress_flat_index,
-        fitted_nprobe,
+        fitted_search,
     )
     from retrieval.faiss_files import FlatVectors
 
@@ -276,7 +276,9 @@ def _compress(config: CompressCommand) -> None:
     flat = FlatVectors(config.faiss_index)
     n_rows = flat.n
     flat.close()
-    nprobe = config.nprobe or fitted_nprobe(n_rows)
+    fitted = fitted_search(config.preset, n_rows)
+    nprobe = config.nprobe or fitted.nprobe
+    k_factor = config.k_factor if config.k_factor is not None else fitted.k_factor
     record = compress_flat_index(
         config.faiss_index,
         config.out,
@@ -286,7 +288,7 @@ def _compress(config: CompressCommand) -> None:
             train_per_list=config.train_per_list,
             chunk_rows=config.chunk_rows,
             seed=config.seed,
-            search=SearchDefaults(nprobe=nprobe, k_factor=config.k_factor),
+            search=SearchDefaults(nprobe=nprobe, k_factor=k_factor),
         ),
         progress=True,
     )
@@ -294,7 +296,7 @@ def _compress(config: CompressCommand) -> None:
         f"compressed {record['n_rows']} rows as {record['factory']} in {record['build_s']:.1f} s "
         f"(train {record['train_s']:.1f} s): {record['index_bytes'] / 1e6:.1f} MB, "
         f"{record['index_bytes'] / record['n_rows']:.1f} B/row, nprobe {nprobe}, "
-        f"k_factor {config.k_factor}: {config.out}"
+        f"k_factor {k_factor}: {config.out}"
     )
 
 

@@ -17,12 +17,14 @@ Peak memory of the build is about
 training sample, the growing index (codes and 8-byte ids), the centroids with their graph, and a
 chunk with faiss's temporaries (faiss trains the codes on a subsample of at most a few thousand
 rows, so they add little). For wiki-18 with the default preset (21.0M rows, `nlist` 65,536,
-30 training rows per cell, 96-byte codes) that is 6.0 + 2.2 + 0.2 + 0.6 GB, about 9 GB.
+30 training rows per cell, `rabitqfs`'s 128 bytes a row with its id and block padding) that is
+6.0 + 2.7 + 0.2 + 0.6 GB, about 9.5 GB.
 
 `CompressedIndex` serves it: the IVF codes are in memory (the bytes each query reads), and the
-`k·k_factor` best candidates of each query are re-scored exactly from the flat file, memory-mapped
-read-only (`retrieval.faiss_files.FlatVectors`): no copy, only the pages of the candidates come
-into the page cache, which the OS may evict. `k_factor` 0 skips the re-rank (and the flat file).
+`k·k_factor` best candidates of each query are re-scored exactly, in C++, from the flat file,
+memory-mapped read-only (`retrieval.faiss_files.FlatVectors`): no copy, only the pages of the
+candidates come into the page cache, which the OS may evict. `k_factor` 0 skips the re-rank (and
+the flat file).
 """
 
 from __future__ import annotations
@@ -45,12 +47,14 @@ from retrieval.faiss_files import FlatVectors, file_fingerprint, read_index
 __all__ = [
     "COMPRESSED_NAME",
     "PRESETS",
+    "SEARCH_LAWS",
     "CompressConfig",
     "CompressedIndex",
     "Preset",
     "SearchDefaults",
+    "SearchLaw",
     "compress_flat_index",
-    "fitted_nprobe",
+    "fitted_search",
     "read_compressed_record",
     "rerank",
 ]
@@ -62,9 +66,21 @@ _INDEX_NAME = "index.faiss"
 _SCHEMA_VERSION = 1
 
 Preset = Literal[
-    "pq96fs", "pq192fs", "opq96fs", "rabitq4", "rabitq3", "rabitqfs4", "sq4", "sq8", "hnsw-sq8"
+    "rabitqfs",
+    "rabitqfs2",
+    "pq96fs",
+    "pq192fs",
+    "opq96fs",
+    "rabitq4",
+    "rabitq3",
+    "rabitqfs4",
+    "sq4",
+    "sq8",
+    "hnsw-sq8",
 ]
 PRESETS: dict[str, str] = {
+    "rabitqfs": "IVF{nlist}_HNSW32,RaBitQfs",
+    "rabitqfs2": "IVF{nlist}_HNSW32,RaBitQfs2",
     "pq96fs": "IVF{nlist}_HNSW32,PQ96x4fs",
     "pq192fs": "IVF{nlist}_HNSW32,PQ192x4fs",
     "opq96fs": "OPQ96_{d},IVF{nlist}_HNSW32,PQ96x4fs",
@@ -75,9 +91,12 @@ PRESETS: dict[str, str] = {
     "sq8": "IVF{nlist}_HNSW32,SQ8",
     "hnsw-sq8": "HNSW32,SQ8",
 }
-"""Preset name -> faiss factory string. `pq*fs`: 4-bit fast-scan product codes (96 sub-quantizers
-make 48-byte codes), meant to be re-ranked from the flat file; `rabitq*`, `sq4`: 3-4 bits per
-dimension; `sq8`, `hnsw-sq8`: 8 bits per dimension, the near-lossless references."""
+"""Preset name -> faiss factory string. `rabitqfs`: RaBitQ's 1-bit codes (96 bytes at d = 768,
+with per-row correction factors) scanned with faiss's fast-scan kernels, meant to be re-ranked
+from the flat file; `rabitqfs2`, `rabitqfs4`: the same with 1 and 3 extra bits a dimension
+that re-estimate the fast scan's best; `pq*fs`: 4-bit fast-scan product codes (96
+sub-quantizers make 48-byte codes); `rabitq*`, `sq4`: 3-4 bits per dimension; `sq8`,
+`hnsw-sq8`: 8 bits per dimension, the near-lossless references."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,8 +125,8 @@ class SearchDefaults:
 class CompressConfig:
     """How `compress_flat_index` builds."""
 
-    preset: Preset = "pq192fs"
-    """the index family (`PRESETS`; docs/decisions.md D21 says why pq192fs)"""
+    preset: Preset = "rabitqfs"
+    """the index family (`PRESETS`; docs/decisions.md D31 says why rabitqfs)"""
     nlist: int = 0
     """IVF cells; 0 picks n / 320 (65,536 for wiki-18), so that lists hold about 320 rows"""
     train_per_list: int = 30
@@ -437,35 +456,71 @@ def rerank(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top `k` among candidate rows `ids` (Q, m), scored from the flat file's rows.
 
-    Queries are done in blocks of 64, so the gathered rows stay under 64·m·4·d bytes.
+    faiss's `knn_inner_products_by_idx` / `knn_L2sqr_by_idx` score the candidates in C++
+    straight from the mapped rows, one OpenMP task per query: no gathered copy (0.48 us a
+    candidate against numpy's 1.55 on one idle core, benchmarks/RESULTS.md). Candidates are
+    read up to a query's first -1 (faiss pads short result lists at the end).
+
+    Returns:
+        (scores, ids), each (Q, k): inner products, or squared L2 distances, best first;
+        missing hits have id -1 (and faiss's worst score, -/+3.4e38).
     """
+    import faiss
+
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
     n_q, m = ids.shape
-    out_scores = np.full((n_q, k), -np.inf if inner_product else np.inf, dtype=np.float32)
-    out_ids = np.full((n_q, k), -1, dtype=np.int64)
-    for lo in range(0, n_q, 64):
-        hi = min(n_q, lo + 64)
-        block = ids[lo:hi]
-        rows = flat.rows(np.maximum(block, 0))  # (b, m, d)
-        exact = np.matmul(rows, vectors[lo:hi, :, None])[..., 0]  # (b, m)
-        if not inner_product:
-            exact = (rows * rows).sum(-1) - 2 * exact + (vectors[lo:hi] ** 2).sum(-1)[:, None]
-        key = np.where(block >= 0, -exact if inner_product else exact, np.inf)
-        top = np.argsort(key, axis=1, kind="stable")[:, : min(k, m)]  # (b, k)
-        out_ids[lo:hi, : top.shape[1]] = np.where(
-            np.take_along_axis(key, top, 1) < np.inf, np.take_along_axis(block, top, 1), -1
+    scores = np.empty((n_q, k), dtype=np.float32)
+    out_ids = np.empty((n_q, k), dtype=np.int64)
+    scorer = faiss.knn_inner_products_by_idx if inner_product else faiss.knn_L2sqr_by_idx
+    scorer(
+        faiss.swig_ptr(vectors),
+        faiss.swig_ptr(flat.vectors),
+        faiss.swig_ptr(ids),
+        flat.d,
+        n_q,
+        flat.n,
+        m,
+        k,
+        faiss.swig_ptr(scores),
+        faiss.swig_ptr(out_ids),
+        m,  # the row stride of ids; faiss's default (-1) strides by ny, not by m
+    )
+    return scores, out_ids
+
+
+@dataclass(frozen=True, slots=True)
+class SearchLaw:
+    """Search settings that met 10-recall@10 >= 0.98 against exact flat, as laws in N.
+
+    nprobe = `nprobe_scale` · (N / 10⁶) ** `nprobe_power` and k_factor likewise, fitted by
+    `benchmarks/perf/retrieval_scale.py` on its e5 stand-in (docs/decisions.md D21, D31);
+    beyond the largest N measured they are extrapolations.
+    """
+
+    nprobe_scale: float
+    nprobe_power: float
+    k_factor_scale: float
+    k_factor_power: float
+
+    def at(self, n: int) -> SearchDefaults:
+        """The settings for `n` rows (nprobe at least 8, k_factor at least 1)."""
+        millions = n / 1e6
+        return SearchDefaults(
+            nprobe=max(8, math.ceil(self.nprobe_scale * millions**self.nprobe_power)),
+            k_factor=max(1, math.ceil(self.k_factor_scale * millions**self.k_factor_power)),
         )
-        out_scores[lo:hi, : top.shape[1]] = np.take_along_axis(exact, top, 1)
-    return out_scores, out_ids
 
 
-# nprobe(N) = NPROBE_SCALE · (N / 1e6) ** NPROBE_POWER: pq192fs with k_factor 32 met
-# 10-recall@10 >= 0.98 at 1M rows with nprobe 48, and the goal nprobe grew in proportion to N
-# from 0.25M to 1M for sq8 and rabitq3 (benchmarks/perf/retrieval_scale.py); beyond 1M this is
-# an extrapolation (docs/decisions.md D21).
-NPROBE_SCALE = 48.0
-NPROBE_POWER = 1.0
+SEARCH_LAWS: dict[str, SearchLaw] = {
+    # goal nprobe 3, 4, 6 and k_factor 2, 2, 4 at 0.125, 0.25, 0.5M rows: 38 and 24 at 21.0M
+    "rabitqfs": SearchLaw(8.32, 0.50, 5.04, 0.50),
+    # goal nprobe 2, 3, 6 and k_factor 16, 16, 32: 111 and 185 at 21.0M
+    "pq192fs": SearchLaw(9.91, 0.79, 40.3, 0.50),
+}
+"""Fitted laws by preset; a preset without one is served with the default preset's."""
 
 
-def fitted_nprobe(n: int) -> int:
-    """The default nprobe for `n` rows (`NPROBE_SCALE`, `NPROBE_POWER`), at least 8."""
-    return max(8, math.ceil(NPROBE_SCALE * (n / 1e6) ** NPROBE_POWER))
+def fitted_search(preset: str, n: int) -> SearchDefaults:
+    """The served defaults for `preset` over `n` rows (`SEARCH_LAWS`)."""
+    return SEARCH_LAWS.get(preset, SEARCH_LAWS[CompressConfig().preset]).at(n)

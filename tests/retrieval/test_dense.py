@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+import retrieval.encoder
 from retrieval import (
     DEFAULT_ENCODER,
     DenseRetriever,
@@ -20,7 +22,8 @@ from retrieval import (
     Retriever,
     load_index,
 )
-from retrieval.encoder import model_fingerprint, resolve_model_dir
+from retrieval.encoder import model_fingerprint, model_signature, resolve_model_dir
+from retrieval.onnx_encoder import cache_key
 
 
 def _random_docs(n: int) -> list[Document]:
@@ -213,3 +216,40 @@ def test_encoder_folders_are_checked_and_fingerprinted_by_content(tmp_path: Path
     assert model_fingerprint(copy) == before
     (copy / "sub" / "weights.bin").write_bytes(b"\x00\x02")
     assert model_fingerprint(copy) != before
+
+
+def test_model_signature_reads_the_small_files_and_the_ends_of_the_weights(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setattr(retrieval.encoder, "_WHOLE_BYTES", 1024)  # 16 MiB in use
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 8}')
+    weights = bytearray(range(256)) * (5 * 4096)  # 5 MiB, over the whole-file limit
+    (model / "model.safetensors").write_bytes(weights)
+    before = model_signature(model)
+    copy = tmp_path / "copy"
+    shutil.copytree(model, copy)
+    assert model_signature(copy) == before  # the path does not matter
+    (copy / "config.json").write_text('{"hidden_size": 9}')
+    assert model_signature(copy) != before
+    (copy / "config.json").write_text('{"hidden_size": 8}')
+    weights[-1] ^= 1  # the last MiB is read
+    (copy / "model.safetensors").write_bytes(weights)
+    assert model_signature(copy) != before
+    weights[-1] ^= 1
+    weights[len(weights) // 2] ^= 1  # the middle is not: the signature's stated limit
+    (copy / "model.safetensors").write_bytes(weights)
+    assert model_signature(copy) == before
+    assert model_fingerprint(copy) != model_fingerprint(model)  # the full hash sees it
+
+
+def test_onnx_cache_key_changes_when_weights_are_rewritten_in_place(tmp_path: Path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "weights.bin").write_bytes(b"\x00" * 64)
+    key = cache_key("sig", model)
+    assert cache_key("sig", model) == key and cache_key("other", model) != key
+    stat = (model / "weights.bin").stat()
+    os.utime(model / "weights.bin", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert cache_key("sig", model) != key
