@@ -61,6 +61,7 @@ __all__ = [
     "WorldStream",
     "build_tasks",
     "eval_set",
+    "fact_disjoint_questions",
     "world_corpus",
 ]
 
@@ -237,13 +238,15 @@ can ask): its training questions chain most of its facts, so few of its own held
 (26 of world 0's 111) avoid them all."""
 
 
-def _fact_disjoint(world: World, train: Sequence[QATask], task: TaskConfig) -> TaskCorpus:
+def fact_disjoint_questions(world: World, train: Sequence[QATask]) -> tuple[World, TaskSet]:
     """The questions world `world` can ask whose hop facts no `train` question chains.
 
-    The candidates are every question the world's templates can ask of its entities
-    (`FACT_DISJOINT_PER_KIND` per kind; the entities and documents are the same world's, as
-    only the question draw depends on the count).
-    Their ids are prefixed `w{seed}+/`: they are not the world's own question ids.
+    The candidates are every question the world's templates can ask of its entities: the world
+    drawn again with `FACT_DISJOINT_PER_KIND` questions per kind (the same entities and
+    documents: only the question draw depends on the count).
+
+    Returns:
+        That larger draw of the world (for decompositions), and the questions, with its ids.
 
     Raises:
         HarnessError: the larger draw changed the world's documents (a generator change).
@@ -259,7 +262,15 @@ def _fact_disjoint(world: World, train: Sequence[QATask], task: TaskConfig) -> T
             "documents: the fact-disjoint set needs the same corpus"
         )
     seen = frozenset().union(*(world.hop_facts(t.task_id) for t in train))
-    held = [t for t in asked.tasks if not asked.hop_facts(t.task_id) & seen]
+    return asked, TaskSet(t for t in asked.tasks if not asked.hop_facts(t.task_id) & seen)
+
+
+def _fact_disjoint(world: World, train: Sequence[QATask], task: TaskConfig) -> TaskCorpus:
+    """`fact_disjoint_questions` over the world's index, in a seeded shuffle.
+
+    Their ids are prefixed `w{seed}+/`: they are not the world's own question ids.
+    """
+    _, held = fact_disjoint_questions(world, train)
     corpus = world_corpus(world, _filter(task, held), namespaced=False)
     renamed = [dataclasses.replace(t, task_id=f"w{world.seed}+/{t.task_id}") for t in corpus.tasks]
     return _shuffled(dataclasses.replace(corpus, tasks=TaskSet(renamed)), seed=world.seed)
