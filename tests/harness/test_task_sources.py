@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from envs import EnvSnapshot, SnapshotError, SnapshotMismatchError, World, WorldConfig
@@ -172,3 +173,20 @@ def test_a_snapshot_restored_over_another_index_is_a_typed_error():
     lenient = ENV.make_env(decoy.tasks, decoy.retriever)  # the default only warns
     lenient.restore(snap)
     assert lenient.snapshot().turns == snap.turns
+
+
+def test_trace_memory_remembers_recurring_questions_and_falls_back_to_its_prior_on_a_stream():
+    from harness.config import PredictorConfig
+
+    predictor = PredictorConfig().build(seed=0)
+    stream = WorldStream(100, WORLD)
+    seen = [t.question for t in stream.corpus(1).tasks]
+    fresh = [t.question for t in stream.corpus(2).tasks]
+    assert not set(seen) & set(fresh)  # a fresh world never asks the same question twice
+    n = len(seen)
+    predictor.update(seen, np.zeros(n), weights=np.full(n, 6), is_root=np.ones(n, dtype=bool))
+    text = predictor.text_model
+    # a question asked again is predicted from its own outcomes (6 failures pull it down) ...
+    assert np.all(predictor.predict(seen) < text.predict(seen) - 0.05)
+    # ... a question of a fresh world has none: its prediction is the text model's alone
+    np.testing.assert_allclose(predictor.predict(fresh), text.predict(fresh))
