@@ -413,8 +413,8 @@ def config_from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
         kind = hints[name]
         if dataclasses.is_dataclass(kind):
             kwargs[name] = config_from_dict(kind, value)  # type: ignore[arg-type]
-        elif kind is Path:
-            kwargs[name] = Path(value)
+        elif kind is Path or (value is not None and Path in typing.get_args(kind)):
+            kwargs[name] = Path(value)  # `Path` and `Path | None` fields
         elif isinstance(value, list):
             kwargs[name] = tuple(value)
         else:

@@ -4,6 +4,7 @@ decoy; forks and snapshots across worlds."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
@@ -190,3 +191,12 @@ def test_trace_memory_remembers_recurring_questions_and_falls_back_to_its_prior_
     assert np.all(predictor.predict(seen) < text.predict(seen) - 0.05)
     # ... a question of a fresh world has none: its prediction is the text model's alone
     np.testing.assert_allclose(predictor.predict(fresh), text.predict(fresh))
+
+
+def test_a_file_sources_config_reads_back_equal(tmp_path):
+    from harness.config import CONFIG_FILE, load_config
+
+    task = TaskConfig(source="file", train_file=Path("q.jsonl"), index="http://127.0.0.1:1")
+    config = TrainConfig(run_dir=tmp_path, task=task)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config.to_json()))
+    assert load_config(tmp_path) == config
