@@ -1,11 +1,13 @@
 """The CPU trainer: TRACE tree rollouts and OpenRLHF's PolicyLoss, in one process, one file.
 
 Read it top to bottom, as CleanRL's `ppo.py`: `train` sets the run up (`set_up`, which builds
-the run's parts from a `harness.config.TrainConfig`; `build_tasks` is where the questions and
-the corpus come from), continues a checkpoint (`resume`), then loops over the steps, whose
-phases run in order (`_step`):
+the run's parts from a `harness.config.TrainConfig`; `harness.task_sources.build_tasks` is
+where the questions and the corpus come from: one world, a stream of fresh worlds, or a task
+file), continues a checkpoint (`resume`), then loops over the steps, whose phases run in order
+(`_step`):
 
-1. **data**: take the next `pool_size` prompts of the train split (a seeded, resumable cursor);
+1. **data**: take the next `pool_size` prompts of the train split (a seeded, resumable cursor),
+   or, on a world stream, of the step's freshly generated world (its env replaces the last);
 2. **rollout**: `TreeRolloutEngine.run_step` lets the allocator spend exactly the step's budget
    (leaves or generated tokens) on roots and turn prefixes (`trace_alloc.run_step`);
 3. **predictor**: score Ṽψ on every root and prefix of the step's trees *before* it learns
