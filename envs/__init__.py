@@ -29,6 +29,7 @@ from envs.errors import (
     EpisodeStateError,
     RetrievalFailedError,
     SnapshotError,
+    SnapshotMismatchError,
     UnforkableWrapperError,
     UnknownTaskError,
 )
@@ -83,6 +84,7 @@ __all__ = [
     "SearchQAConfig",
     "SearchQAEnv",
     "SnapshotError",
+    "SnapshotMismatchError",
     "TaskSet",
     "TurnRecord",
     "UnforkableWrapperError",

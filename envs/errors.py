@@ -14,6 +14,7 @@ __all__ = [
     "EpisodeStateError",
     "RetrievalFailedError",
     "SnapshotError",
+    "SnapshotMismatchError",
     "UnforkableWrapperError",
     "UnknownTaskError",
 ]
@@ -60,6 +61,14 @@ class SnapshotError(EnvError, ValueError):
     def __init__(self, message: str, *, field: str) -> None:
         super().__init__(message)
         self.field = field
+
+
+class SnapshotMismatchError(SnapshotError):
+    """A well-formed snapshot of an episode over other questions or another index.
+
+    Its task id is not in this env's task set (a task id names its world or file), or, for an
+    env built with `on_other_index="error"`, its index id is not the env's retriever's.
+    """
 
 
 class UnforkableWrapperError(EnvError, TypeError):

@@ -21,7 +21,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Self, SupportsFloat
+from typing import Any, Literal, Self, SupportsFloat
 
 import gymnasium as gym
 import numpy as np
@@ -33,6 +33,7 @@ from envs.errors import (
     EpisodeStateError,
     RetrievalFailedError,
     SnapshotError,
+    SnapshotMismatchError,
     UnknownTaskError,
 )
 from envs.protocol import (
@@ -103,6 +104,10 @@ class SearchQAConfig:
             remote retriever included (`retrieval.deadline`); past it the step raises
             `RetrievalFailedError` and the env is unchanged. None: only the retriever's own
             timeouts and retries bound it (4 x 30 s by default for `HTTPRetriever`).
+        on_other_index: what `restore` does with a snapshot taken on another index: "warn"
+            (cached queries replay from the snapshot, new ones use this env's index) or
+            "error" (`SnapshotMismatchError`: the snapshot belongs to another corpus, e.g.
+            another generated world). A restore policy, not dynamics: snapshots omit it.
     """
 
     max_turns: int = 4
@@ -113,6 +118,7 @@ class SearchQAConfig:
     max_doc_chars: int = 2_000
     protocol: Protocol = "trace-rl"
     retrieval_deadline_s: float | None = 10.0  # a hung server costs a step 10 s, not 120 s
+    on_other_index: Literal["warn", "error"] = "warn"
 
     def __post_init__(self) -> None:
         if self.max_turns < 2:
@@ -133,6 +139,8 @@ class SearchQAConfig:
             )
         if self.protocol not in PROTOCOLS:
             raise EnvConfigError(f"protocol={self.protocol!r}: choose one of {PROTOCOLS}")
+        if self.on_other_index not in ("warn", "error"):
+            raise EnvConfigError(f"on_other_index={self.on_other_index!r}: choose warn or error")
         if self.protocol == "search-r1":
             return  # documents are never cut, so no size bound applies (see envs.protocol)
         longest = self.top_k * (self.max_doc_chars + _DOC_OVERHEAD) + _INFO_OVERHEAD
@@ -206,6 +214,8 @@ class SearchQAEnv(gym.Env[str, str]):
         protocol: "trace-rl" or "search-r1" (`SearchQAConfig.protocol`).
         retrieval_deadline_s: the most one step may spend on retrieval (default 10 s; None: no
             overall bound); `SearchQAConfig.retrieval_deadline_s`.
+        on_other_index: "warn" or "error" on restoring a snapshot taken on another index
+            (`SearchQAConfig.on_other_index`).
 
     Raises:
         EnvConfigError: an argument is out of range, or `tasks` is empty.
@@ -246,6 +256,7 @@ class SearchQAEnv(gym.Env[str, str]):
         max_doc_chars: int | None = 2_000,
         protocol: Protocol = "trace-rl",
         retrieval_deadline_s: float | None = 10.0,
+        on_other_index: Literal["warn", "error"] = "warn",
     ) -> None:
         if not isinstance(tasks, TaskSet):
             tasks = TaskSet(tasks)
@@ -264,6 +275,7 @@ class SearchQAEnv(gym.Env[str, str]):
             ),
             protocol=protocol,
             retrieval_deadline_s=retrieval_deadline_s,
+            on_other_index=on_other_index,
         )
         # Text builds a per-character index (~1 ms); forks copy this template in O(1) instead.
         template = EnvText(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
@@ -641,7 +653,7 @@ class SearchQAEnv(gym.Env[str, str]):
         episode = None if snap.task_id is None else self._episode_from(snap)
         generator = None if snap.rng_state is None else _generator_from(snap.rng_state)
         if episode is not None:
-            self._warn_on_other_index(episode.index_id)
+            self._check_index(episode.index_id)
         # everything is checked: only now does the env change
         self._episode = episode
         self._rng_pending = None
@@ -649,11 +661,21 @@ class SearchQAEnv(gym.Env[str, str]):
         # Gymnasium's "seed unknown" (-1) for a generator set directly; None seeds on first use
         self._np_random_seed = None if generator is None else -1
 
-    def _warn_on_other_index(self, index_id: str) -> None:
+    def _check_index(self, index_id: str) -> None:
+        strict = self._shared.config.on_other_index == "error"
         try:
             current = self._index_id()
-        except RetrievalFailedError:  # a restore never needs the retriever: no error here
-            return
+        except RetrievalFailedError:
+            if strict:  # the index cannot be checked, so the snapshot cannot be admitted
+                raise
+            return  # a lenient restore never needs the retriever
+        if index_id != current and strict:
+            raise SnapshotMismatchError(
+                f"snapshot field 'index_id' is {index_id!r} but this env searches index "
+                f"{current!r}: the episode belongs to another corpus; restore it into an env "
+                "over the index it was taken on",
+                field="index_id",
+            )
         if index_id != current:
             log.warning(
                 "restoring an episode recorded on index %s into an env whose retriever has "
@@ -666,7 +688,7 @@ class SearchQAEnv(gym.Env[str, str]):
         assert snap.task_id is not None
         config = self._shared.config
         if snap.task_id not in self._shared.tasks:
-            raise SnapshotError(
+            raise SnapshotMismatchError(
                 f"snapshot field 'task_id' is {snap.task_id!r}, which is not in this env's task "
                 "set; restore into an env built on the same tasks",
                 field="task_id",

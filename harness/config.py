@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +48,7 @@ __all__ = [
     "AllocatorSettings",
     "BudgetConfig",
     "EvalConfig",
+    "EvalSetName",
     "LossConfig",
     "OptimConfig",
     "PredictorConfig",
@@ -59,13 +61,43 @@ __all__ = [
 
 CONFIG_FILE = "config.json"
 
+EvalSetName = Literal["split", "fact_disjoint", "unseen", "decoy"]
+"""The held-out sets a run can be evaluated on (`harness.task_sources`)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
-    """The questions, the corpus and the env (the synthetic world by default)."""
+    """The questions, the corpus and the env (the synthetic world by default).
 
+    `harness.task_sources` builds them: the training source (`source`) and the held-out sets
+    (`EvalConfig.sets`).
+    """
+
+    source: Literal["world", "stream", "file"] = "world"
+    """`world`: the questions of world `world_seed`; `stream`: a freshly generated world per
+    step (seeds from `stream_first_seed`), each with its own BM25 index; `file`: the questions
+    of `train_file` over `index`."""
     world_seed: int = 0
-    """Seed of the synthetic world (its questions and its BM25-indexed corpus)."""
+    """Seed of the synthetic world (its questions and its BM25-indexed corpus); with a stream
+    or a file, the world of the `split`, `fact_disjoint` and `decoy` held-out sets."""
+    stream_first_seed: int = 100_000
+    """`stream`: step s trains on world `stream_first_seed + s - 1`; the seeds must miss
+    `world_seed`, the held-out worlds and the policy's warm-start worlds."""
+    train_file: Path | None = None
+    """`file`: the questions, in any format `tracerl bench` reads (HotpotQA JSON, FlashRAG
+    JSONL, ...)."""
+    eval_file: Path | None = None
+    """`file`: the held-out questions of the `split` set (same format, same index)."""
+    file_format: str | None = None
+    """`file`: force a format instead of detecting it from the content."""
+    index: str | None = None
+    """`file`: an index directory (`tracerl index build`, `tracerl corpus`) or a retriever
+    URL (`tracerl serve-retriever`, a Search-R1 server)."""
+    unseen_world_seeds: tuple[int, ...] = (5_000, 5_001)
+    """Worlds of the `unseen` held-out set: never trained on by any source."""
+    decoy_world_seed: int = 5_100
+    """The `decoy` set asks world `world_seed`'s training questions over this world's
+    documents."""
     world: WorldConfig = field(default_factory=default_world_config)
     """Size and difficulty of the world; must match what the policy was warm-started on (a
     policy built by `tracerl init-model` records it, and a mismatch is an error)."""
@@ -77,6 +109,30 @@ class TaskConfig:
     """`hard`: only 3-4-hop bridges, comparisons and inference questions (train and eval)."""
     env: EnvSettings = field(default_factory=EnvSettings)
     """Turn limit, documents per search, prompt: the policy's own env settings."""
+
+    def __post_init__(self) -> None:
+        given = {"train_file": self.train_file, "index": self.index}
+        if self.source == "file" and None in given.values():
+            missing = [f"--task.{k.replace('_', '-')}" for k, v in given.items() if v is None]
+            raise ValueError(f"--task.source file needs {' and '.join(missing)}")
+        if self.source != "file" and any(
+            v is not None for v in (self.train_file, self.eval_file, self.index)
+        ):
+            raise ValueError(
+                f"--task.train-file, --task.eval-file and --task.index need --task.source file "
+                f"(the source is {self.source!r})"
+            )
+        if self.world_seed in {self.decoy_world_seed, *self.unseen_world_seeds}:
+            raise ValueError(
+                f"world_seed={self.world_seed} is also a held-out world "
+                f"(unseen {self.unseen_world_seeds}, decoy {self.decoy_world_seed})"
+            )
+
+    def stream_overlap(self, steps: int, others: Iterable[int] = ()) -> list[int]:
+        """The seeds a stream of `steps` steps would share with a held-out world or `others`."""
+        stream = range(self.stream_first_seed, self.stream_first_seed + steps)
+        held = {self.world_seed, self.decoy_world_seed, *self.unseen_world_seeds, *others}
+        return sorted(seed for seed in held if seed in stream)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -281,8 +337,12 @@ class EvalConfig:
 
     every: int = 0
     """Evaluate before step 1 and every this many steps (0: never)."""
+    sets: tuple[EvalSetName, ...] = ("split",)
+    """Held-out sets (`harness.task_sources.EVAL_SETS`): `split` (the world's `eval_split`,
+    or `eval_file`), `fact_disjoint`, `unseen`, `decoy`. The first is logged as `eval/em`,
+    each as `eval/NAME/em`."""
     n_questions: int = 64
-    """Questions of the eval split (the first ones)."""
+    """Questions of each held-out set (the first ones)."""
     n_samples: int = 1
     temperature: float = 1.0
     """Sampled EM at the policy's temperature; 0 for greedy."""
@@ -324,6 +384,13 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.steps < 1 or self.checkpoint_every < 1:
             raise ValueError(f"steps={self.steps}, checkpoint_every={self.checkpoint_every}: >= 1")
+        shared = self.task.stream_overlap(self.steps) if self.task.source == "stream" else []
+        if shared:
+            raise ValueError(
+                f"the world stream's seeds {self.task.stream_first_seed}.."
+                f"{self.task.stream_first_seed + self.steps - 1} include the held-out world(s) "
+                f"{shared}: move --task.stream-first-seed"
+            )
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe dict (paths as strings, tuples as lists)."""
@@ -346,8 +413,8 @@ def config_from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
         kind = hints[name]
         if dataclasses.is_dataclass(kind):
             kwargs[name] = config_from_dict(kind, value)  # type: ignore[arg-type]
-        elif kind is Path:
-            kwargs[name] = Path(value)
+        elif kind is Path or (value is not None and Path in typing.get_args(kind)):
+            kwargs[name] = Path(value)  # `Path` and `Path | None` fields
         elif isinstance(value, list):
             kwargs[name] = tuple(value)
         else:

@@ -1,11 +1,13 @@
 """The CPU trainer: TRACE tree rollouts and OpenRLHF's PolicyLoss, in one process, one file.
 
 Read it top to bottom, as CleanRL's `ppo.py`: `train` sets the run up (`set_up`, which builds
-the run's parts from a `harness.config.TrainConfig`; `build_tasks` is where the questions and
-the corpus come from), continues a checkpoint (`resume`), then loops over the steps, whose
-phases run in order (`_step`):
+the run's parts from a `harness.config.TrainConfig`; `harness.task_sources.build_tasks` is
+where the questions and the corpus come from: one world, a stream of fresh worlds, or a task
+file), continues a checkpoint (`resume`), then loops over the steps, whose phases run in order
+(`_step`):
 
-1. **data**: take the next `pool_size` prompts of the train split (a seeded, resumable cursor);
+1. **data**: take the next `pool_size` prompts of the train split (a seeded, resumable cursor),
+   or, on a world stream, of the step's freshly generated world (its env replaces the last);
 2. **rollout**: `TreeRolloutEngine.run_step` lets the allocator spend exactly the step's budget
    (leaves or generated tokens) on roots and turn prefixes (`trace_alloc.run_step`);
 3. **predictor**: score Ṽψ on every root and prefix of the step's trees *before* it learns
@@ -46,10 +48,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from envs import TaskSet, World
 from harness.backends import SamplingParams, TransformersBackend
 from harness.checkpoint import LoadedCheckpoint, latest_checkpoint, load_checkpoint, save_checkpoint
-from harness.config import CONFIG_FILE, OptimConfig, TaskConfig, TrainConfig
+from harness.config import CONFIG_FILE, OptimConfig, TrainConfig
 from harness.distributed import (
     ONE_PROCESS,
     Ranks,
@@ -66,10 +67,8 @@ from harness.errors import HarnessError, ResumeError
 from harness.metrics_log import MetricsLog, rollout_metrics
 from harness.openrlhf_compat import openrlhf_losses
 from harness.optimizers import make_optimizer
-from harness.tiny_policy.pipeline import ARTIFACTS_FILE, is_hard
-from retrieval import Retriever
-from retrieval.bm25 import BM25Retriever
-from retrieval.cache import CachedRetriever
+from harness.task_sources import Tasks, WorldStream, build_tasks
+from harness.tiny_policy.pipeline import ARTIFACTS_FILE
 from trace_alloc import (
     Allocator,
     BudgetLimit,
@@ -145,36 +144,6 @@ class DataCursor:
 
 
 # --- the run's parts ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Tasks:
-    """Where a run's questions come from: the ones to train on, the held-out ones, the corpus."""
-
-    train: TaskSet
-    eval: TaskSet
-    retriever: Retriever
-    """Searches the questions' corpus (cached: the engine batches each turn's searches)."""
-
-
-def build_tasks(task: TaskConfig) -> Tasks:
-    """The synthetic world's questions, split and filtered as `task` says, and its BM25 index.
-
-    The one set-up step that decides what the run trains and evaluates on: another source of
-    questions (a task file, a freshly generated world) is another function returning `Tasks`.
-    """
-    world = World.generate(task.world_seed, task.world)
-    split = world.split()
-    train_tasks = world.tasks if task.train_split == "all" else split.train
-    if task.eval_split == "heldout":
-        eval_tasks = TaskSet([*split.test, *split.test_entities])
-    else:
-        eval_tasks = getattr(split, task.eval_split)
-    if task.questions == "hard":
-        train_tasks = TaskSet([t for t in train_tasks if is_hard(t)])
-        eval_tasks = TaskSet([t for t in eval_tasks if is_hard(t)])
-    retriever = CachedRetriever(BM25Retriever.build(world.documents))
-    return Tasks(train=train_tasks, eval=eval_tasks, retriever=retriever)
 
 
 @dataclass(slots=True)
@@ -336,12 +305,15 @@ def set_up(config: TrainConfig) -> Run:
         reference.requires_grad_(False)
 
     # the questions, their corpus and index, the engine
-    tasks = build_tasks(config.task)
-    if len(tasks.train) == 0 or (config.eval.every and len(tasks.eval) == 0):
+    tasks = build_tasks(config.task, config.eval.sets if config.eval.every else ())
+    empty = [name for name in tasks.eval if tasks.n_eval(name) == 0]
+    if (not isinstance(tasks.train, WorldStream) and len(tasks.train.tasks) == 0) or empty:
         raise HarnessError(
-            f"no questions to train or evaluate on ({len(tasks.train)} train, "
-            f"{len(tasks.eval)} eval) with --task.questions {config.task.questions}"
+            f"no questions to train on, or none in held-out set(s) {empty}, with "
+            f"--task.questions {config.task.questions}"
         )
+    # a stream swaps in each step's world; other sources keep this one env for the whole run
+    first = tasks.train.corpus(1) if isinstance(tasks.train, WorldStream) else tasks.train
     checkpoint = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
     if checkpoint is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions it
         model.load_state_dict(checkpoint.model)
@@ -355,7 +327,7 @@ def set_up(config: TrainConfig) -> Run:
     codec = EpisodeCodec(tokenizer)
     engine = TreeRolloutEngine(
         backend,
-        config.task.env.make_env(tasks.train, tasks.retriever),
+        first.make_env(config.task.env),
         codec,
         sampling=SamplingParams(
             max_new_tokens=config.rollout.max_new_tokens,
@@ -417,7 +389,7 @@ def resume(run: Run) -> Progress:
     config = run.config
     progress = Progress(
         step=0,
-        cursor=DataCursor(tuple(run.tasks.train.ids), config.seed),
+        cursor=DataCursor(run.tasks.fixed_ids, config.seed),
         alloc_rng=np.random.default_rng([config.seed, 1]),
         carry=0.0,
         tokens_per_leaf=config.budget.tokens_per_leaf_guess,
@@ -447,8 +419,14 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
     config, ranks, engine = run.config, run.ranks, run.engine
     t_step = time.perf_counter()
 
-    # 1. data
-    pool = progress.cursor.take(config.budget.pool_size)
+    # 1. data: the next prompts of a fixed source, or a pool of this step's fresh world
+    source = run.tasks.train
+    if isinstance(source, WorldStream):
+        corpus = source.corpus(step)
+        engine.env = corpus.make_env(config.task.env)
+        pool = source.pool(corpus, config.budget.pool_size, seed=config.seed, step=step)
+    else:
+        pool = progress.cursor.take(config.budget.pool_size)
 
     # 2. rollout: the allocator spends exactly this step's budget (across the ranks, wave by
     # wave, when there are several: every rank ends with the same trees)
@@ -521,6 +499,7 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
         "perf/step_s": now - t_step,
         "policy/lr": lr,
         "data/epoch": progress.cursor.epoch,
+        "data/world_seed": source.seed(step) if isinstance(source, WorldStream) else None,
         "data/pool": pool,
         "data/trained": [result.trees[i].prompt_id for i in result.train_indices],
     }
@@ -528,26 +507,39 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
 
 
 def _evaluate(run: Run, step: int) -> dict[str, float]:
-    """Sampled EM on the first `eval.n_questions` held-out questions."""
+    """Sampled EM on the first `eval.n_questions` questions of each held-out set.
+
+    The first set is logged as `eval/em` (and `eval/mixed`, ...), every set as `eval/NAME/em`.
+    A set of several corpora (one per unseen world) takes its questions equally from each and
+    reports the mean over all their episodes.
+    """
     config = run.config
     run.rollout_model.eval()
-    result = evaluate_policy(
-        run.backend,
-        config.task.env.make_env(run.tasks.eval, run.tasks.retriever),
-        list(run.tasks.eval.ids[: config.eval.n_questions]),
-        run.codec,
-        temperature=config.eval.temperature,
-        n_samples=config.eval.n_samples,
-        max_new_tokens=config.rollout.max_new_tokens,
-        seed=config.seed + 7919 * step,
-        max_total_tokens=config.rollout.max_total_tokens,
-    )
-    return {
-        "eval/em": result.em,
-        "eval/mixed": result.mixed,
-        "eval/searches_per_episode": result.searches_per_episode,
-        "eval/answered": result.answered,
-    }
+    record: dict[str, float] = {}
+    for i, (name, corpora) in enumerate(run.tasks.eval.items()):
+        totals: dict[str, float] = {}
+        n_episodes, per_corpus = 0, -(-config.eval.n_questions // len(corpora))
+        for corpus in corpora:
+            ids = list(corpus.tasks.ids[:per_corpus])
+            result = evaluate_policy(
+                run.backend,
+                corpus.make_env(config.task.env),
+                ids,
+                run.codec,
+                temperature=config.eval.temperature,
+                n_samples=config.eval.n_samples,
+                max_new_tokens=config.rollout.max_new_tokens,
+                seed=config.seed + 7919 * step,
+                max_total_tokens=config.rollout.max_total_tokens,
+            )
+            n_episodes += result.n_episodes
+            for key in ("em", "mixed", "searches_per_episode", "answered"):
+                totals[key] = totals.get(key, 0.0) + getattr(result, key) * result.n_episodes
+        means = {key: value / n_episodes for key, value in totals.items()}
+        if i == 0:
+            record |= {f"eval/{key}": value for key, value in means.items()}
+        record[f"eval/{name}/em"] = means["em"]
+    return record
 
 
 def _save(run: Run, progress: Progress) -> None:
@@ -610,12 +602,13 @@ def _log_size(run: Run, progress: Progress) -> None:
     """The run's size, before the first step (nanoGPT)."""
     config = run.config
     log.info(
-        "policy %s: %s parameters | %d train / %d eval questions | allocator %s | budget %s "
+        "policy %s: %s parameters | train questions: %s | held-out questions: %s | allocator %s | "
+        "budget %s "
         "per step over a pool of %d prompts | steps %d-%d | total budget %s %s | rank %d of %d",
         config.policy,
         f"{run.n_params:,}",
-        len(run.tasks.train),
-        len(run.tasks.eval),
+        "a fresh world per step" if not run.tasks.fixed_ids else len(run.tasks.fixed_ids),
+        ", ".join(f"{name} {run.tasks.n_eval(name)}" for name in run.tasks.eval) or "no",
         repr(run.allocator),
         f"{config.budget.per_step:,} {config.budget.currency}",
         config.budget.pool_size,
@@ -811,25 +804,45 @@ def _logprobs(
 def _check_policy_task(config: TrainConfig) -> None:
     """A policy from `tracerl init-model` must meet the world and env it was warm-started on.
 
+    The held-out worlds and a world stream must also miss the worlds the warm start was shown
+    or selected on, so that every world they name is new to the policy.
+
     Raises:
-        HarnessError: the policy's `tiny_policy.json` names another world or env.
+        HarnessError: the policy's `tiny_policy.json` names another world or env, or a world
+            stream or a held-out set would use one of its warm-start worlds.
     """
     path = Path(config.policy) / ARTIFACTS_FILE
     if not path.is_file():
         return  # any other transformers model: the task flags are the user's call
     recorded = json.loads(path.read_text(encoding="utf-8"))["config"]
     ours = config.task
-    expected = {
-        "world_seed": ours.world_seed,
-        "world": json.loads(json.dumps(dataclasses.asdict(ours.world))),
-        "env": dataclasses.asdict(ours.env),
-    }
+    expected = {"env": dataclasses.asdict(ours.env)}
+    if ours.source != "file":  # a file's questions are the user's call; the env must match
+        expected |= {
+            "world_seed": ours.world_seed,
+            "world": json.loads(json.dumps(dataclasses.asdict(ours.world))),
+        }
     for key, value in expected.items():
         if recorded[key] != value:
             raise HarnessError(
                 f"{config.policy} was warm-started with {key}={recorded[key]!r}, but this run "
                 f"has {key}={value!r}: pass the matching --task flags"
             )
+    first, n_worlds = int(recorded["demos"]["first_world_seed"]), int(recorded["demos"]["n_worlds"])
+    warm = {*range(first, first + n_worlds), int(recorded["eval"]["dev_world_seed"])}
+    held = sorted(warm & {ours.decoy_world_seed, *ours.unseen_world_seeds})
+    if held:
+        raise HarnessError(
+            f"held-out world(s) {held} are worlds {config.policy} was warm-started or selected "
+            "on: pick others with --task.unseen-world-seeds / --task.decoy-world-seed"
+        )
+    shared = ours.stream_overlap(config.steps, warm) if ours.source == "stream" else []
+    if shared:
+        raise HarnessError(
+            f"the world stream's seeds {ours.stream_first_seed}.."
+            f"{ours.stream_first_seed + config.steps - 1} include world(s) {shared} that "
+            f"{config.policy} was warm-started or selected on: move --task.stream-first-seed"
+        )
 
 
 def _save_trees(run_dir: Path, step: int, result: StepResult) -> None:

@@ -54,6 +54,7 @@ from envs.rewards import RewardKind
 from envs.tasks import TaskSet
 from harness.backends.base import SamplingParams
 from harness.errors import EndpointError, EndpointRejected, HarnessError
+from harness.task_sources import fact_disjoint_questions
 from retrieval import (
     BM25Retriever,
     CachedRetriever,
@@ -81,7 +82,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-SYNTHETIC_SPLITS = ("all", "train", "dev", "test", "test_entities")
+SYNTHETIC_SPLITS = ("all", "train", "dev", "test", "test_entities", "fact_disjoint")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -100,7 +101,8 @@ class DataArgs:
     layout's folder name (`DIR/<name>/<split>.jsonl`), else the format's name."""
     split: str | None = None
     """Hub split to load instead of the registry's (test, else dev); for `synthetic`: all,
-    train, dev, test or test_entities."""
+    train, dev, test, test_entities, or fact_disjoint (questions none of whose hop facts a
+    train question chains: `harness.task_sources.fact_disjoint_questions`)."""
     hub_path: Path | None = None
     """A local copy of the hub repo (e.g. from `hf download`) to load `--dataset` from."""
     limit: int | None = None
@@ -136,7 +138,10 @@ def _load_synthetic(args: DataArgs) -> LoadedData:
     if split not in SYNTHETIC_SPLITS:
         raise UnknownNameError(f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}")
     world = World.generate(args.world_seed)
-    tasks = world.tasks if split == "all" else getattr(world.split(), split)
+    if split == "fact_disjoint":  # questions of a larger draw of the same world (same corpus)
+        world, tasks = fact_disjoint_questions(world, world.split().train)
+    else:
+        tasks = world.tasks if split == "all" else getattr(world.split(), split)
     if args.limit is not None:
         tasks = tasks[: args.limit]
     decompositions = {
@@ -326,6 +331,9 @@ class BenchConfig(AgentArgs, DataArgs):
     """A corpus JSONL ({"id", "contents"}) to index with BM25 in memory."""
     retriever_url: str | None = None
     """A Search-R1-protocol retrieval server (`tracerl serve-retriever`, wiki-18 servers)."""
+    corpus_world_seed: int | None = None
+    """Synthetic questions only: search this world's documents instead of their own (the
+    decoy check: no document holds an answer, so EM measures answering from memory)."""
     protocol: Protocol = "trace-rl"
     """`search-r1` reproduces Search-R1's prompt, observation text and action parsing byte for
     byte (to evaluate its checkpoints); `trace-rl` is ours (docs/benchmarks.md, "Where we
@@ -359,9 +367,14 @@ class BenchConfig(AgentArgs, DataArgs):
 
 def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[str, Any]]:
     """The retriever the run uses, and how the report describes it."""
-    given = [x for x in (config.index, config.corpus, config.retriever_url) if x is not None]
+    sources = (config.index, config.corpus, config.retriever_url, config.corpus_world_seed)
+    given = [x for x in sources if x is not None]
     if len(given) > 1:
-        raise BenchmarkError("pass at most one of --index, --corpus, --retriever-url")
+        raise BenchmarkError(
+            "pass at most one of --index, --corpus, --retriever-url, --corpus-world-seed"
+        )
+    if config.corpus_world_seed is not None and data.world is None:
+        raise BenchmarkError("--corpus-world-seed searches a synthetic world: for its questions")
     if config.retriever_url is not None or config.index is not None:
         spec = str(config.retriever_url or config.index)
         retriever = make_retriever(spec)
@@ -369,6 +382,10 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
     elif config.corpus is not None:
         retriever = CachedRetriever(BM25Retriever.build(read_corpus(config.corpus)))
         source = {"corpus": str(config.corpus)}
+    elif config.corpus_world_seed is not None:
+        decoy = World.generate(config.corpus_world_seed)
+        retriever = CachedRetriever(BM25Retriever.build(decoy.documents))
+        source = {"corpus": f"world {decoy.seed}'s documents (a decoy: not the questions' own)"}
     elif data.world is not None:
         retriever = CachedRetriever(BM25Retriever.build(data.world.documents))
         source = {"corpus": "the synthetic world's documents"}

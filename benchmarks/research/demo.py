@@ -1,19 +1,25 @@
-"""`tracerl demo` (what `make run` runs): the whole loop on the embedded default, on CPU.
+"""`tracerl demo` (what `make run` runs): RL on fresh worlds, judged on worlds it never saw.
 
 1. **policy**: the default synthetic world and the warm-started tiny policy
    (`harness.tiny_policy.init_model`: the shipped warm start, or one cached under
    `RUN_DIR/tiny_policy`, or a fresh build for another recipe);
-2. **before**: evaluate it at temperature 1 on the held-out questions of its world
-   (`eval_samples` samples each) and on a world it never saw (`unseen_questions` x
-   `unseen_samples`), with `benchmarks.qa.evaluation.evaluate` (what `tracerl bench` runs);
-3. **train**: RL with TRACE (`harness.trainer.train`; run directory `RUN_DIR/rl`; a finished run
-   with the same config is reused, a killed one resumed), evaluating the held-out questions
-   every `curve_every` steps for the learning curve;
+2. **before**: evaluate it at temperature 1 on three held-out sets (`harness.task_sources`),
+   with `benchmarks.qa.evaluation.evaluate` (what `tracerl bench` runs):
+   - `unseen`: questions of worlds no policy ever trained on, each over its own index (the
+     primary set: it measures searching and reading, not memory);
+   - `fact_disjoint`: questions of the warm start's world none of whose hop facts occurs in its
+     training questions' chains (familiar names, facts that must be read);
+   - `decoy`: the warm start's training questions over another world's documents (no
+     observation holds the answer: EM here is answering from memory, and must stay near 0);
+3. **train**: RL with TRACE on a stream of freshly generated worlds, one per step
+   (`harness.trainer.train` with `--task.source stream`; run directory `RUN_DIR/rl`; a
+   finished run with the same config is reused, a killed one resumed), evaluating unseen-world
+   questions every `curve_every` steps for the learning curve;
 4. **after**: the same evaluations of the trained policy, same questions, same seed;
 5. **report**: the before/after table with 95 % bootstrap intervals over questions (the
-   difference is paired on the question), one sentence that says what RL did, and files:
-   `RUN_DIR/report/` (JSON, Markdown, trajectories, plot), `RUN_DIR/rl/curves.png`,
-   `RUN_DIR/rl/learning_curve.png` (held-out EM against step and against generated tokens)
+   difference is paired on the question), one sentence that leads with the unseen-world gain,
+   and files: `RUN_DIR/report/` (JSON, Markdown, trajectories, plot), `RUN_DIR/rl/curves.png`,
+   `RUN_DIR/rl/learning_curve.png` (unseen-world EM against step and against generated tokens)
    and `RUN_DIR/demo.json`.
 """
 
@@ -25,7 +31,6 @@ import logging
 import platform
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -46,41 +51,55 @@ __all__ = ["TEST_SETS", "DemoConfig", "demo", "run_demo", "summary_sentence"]
 
 log = logging.getLogger(__name__)
 
-TEST_SETS = ("heldout", "unseen")
-"""`heldout`: held-out questions of the training world; `unseen`: a world never trained on."""
+TEST_SETS = ("unseen", "fact_disjoint", "decoy")
+"""`unseen`: worlds never trained on (primary); `fact_disjoint`: the warm start's world, facts
+no training question chains; `decoy`: its training questions over another world's documents."""
+
+LABELS = {
+    "unseen": "unseen worlds",
+    "fact_disjoint": "fact-disjoint questions",
+    "decoy": "decoy corpus (memory)",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class DemoConfig:
-    """`tracerl demo`: warm-start the tiny policy, train it with TRACE, compare before/after."""
+    """`tracerl demo`: TRACE RL on fresh worlds; before/after on worlds the policy never saw."""
 
     run_dir: Path = Path("runs/demo")
     """Everything goes here; the warm-started policy is cached in RUN_DIR/tiny_policy."""
-    steps: int = 40
-    """RL steps (a few minutes on an idle 2-core machine)."""
+    steps: int = 60
+    """RL steps, one freshly generated world each."""
     budget_per_step: int = 48
     """Leaves per step (TRACE allocates them over roots and turn prefixes)."""
     pool_size: int = 12
-    """Candidate questions per step: 4 leaves per candidate on average."""
+    """Candidate questions per step, drawn from the step's world: 4 leaves per candidate on
+    average."""
     lr: float = 3e-4
-    """Policy learning rate (held-out EM rose from 0.56 to 0.70 in 10 steps at 3e-4 and to 0.72
-    at 6e-4, with valid actions at 99-100 %: benchmarks/RESULTS.md, "Harness")."""
+    """Policy learning rate."""
     kl_coef: float = 0.0
     """Weight of the KL to the warm start (0: none, no reference model is kept)."""
+    prefer_unmixed: bool = False
+    """TRACE Stage 2 pools its continuations into the step's unmixed trees (the old
+    placement); False places them in each prompt's own tree (`Trace.prefer_unmixed`)."""
     questions: Literal["all", "hard"] = "all"
     """Train on every kind, or on `hard` ones only (3-4-hop bridges, comparisons, inference)."""
-    eval_questions: int = 200
-    """Held-out questions of the training world (test, then test_entities), at most."""
-    eval_samples: int = 8
-    """T=1 samples per held-out question."""
-    unseen_questions: int = 160
-    """Questions of the unseen world (the policy recipe's `eval.dev_world_seed`)."""
-    unseen_samples: int = 4
+    unseen_questions: int = 300
+    """Questions of the unseen worlds (taken equally from each)."""
+    unseen_samples: int = 2
     """T=1 samples per unseen-world question."""
-    curve_every: int = 10
-    """RL steps between the learning curve's held-out evaluations (0: no curve)."""
-    curve_samples: int = 2
-    """T=1 samples per held-out question at each point of the learning curve."""
+    fact_disjoint_questions: int = 70
+    """Fact-disjoint questions of the warm start's world, at most."""
+    fact_disjoint_samples: int = 4
+    """T=1 samples per fact-disjoint question."""
+    decoy_questions: int = 100
+    """Training questions asked over the decoy corpus."""
+    decoy_samples: int = 1
+    """T=1 samples per decoy question."""
+    curve_every: int = 20
+    """RL steps between the learning curve's unseen-world evaluations (0: no curve)."""
+    curve_questions: int = 80
+    """Unseen-world questions at each point of the learning curve (one T=1 sample each)."""
     eval_temperature: float = 1.0
     """Sampled EM at the policy's own temperature (RL changes the sampled policy)."""
     seed: int = 0
@@ -89,29 +108,29 @@ class DemoConfig:
     progress: bool = True
 
 
-def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, tuple[list[QATask], Any]]:
-    """Each test set's questions (each repeated once per sample) and its env factory."""
-    from harness.tiny_policy.pipeline import unseen_questions
-    from retrieval.bm25 import BM25Retriever
+def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, list[tuple[list[QATask], Any]]]:
+    """Each test set's corpora: their questions (each repeated once per sample), env factory."""
+    from harness.task_sources import eval_set
 
-    world = artifacts.world()
-    heldout_ids = [*artifacts.split["test"], *artifacts.split["test_entities"]]
-    heldout = [world.tasks[i] for i in heldout_ids[: config.eval_questions]]
-    unseen_world, unseen_ids = unseen_questions(artifacts.config, config.unseen_questions)
-    unseen = [unseen_world.tasks[i] for i in unseen_ids]
-    env_settings = artifacts.config.env
-
-    def factory(w: Any) -> Callable[[], Any]:
-        retriever = BM25Retriever.build(w.documents)
-        return lambda: env_settings.make_env(w.tasks, retriever)
-
-    return {
-        "heldout": ([t for t in heldout for _ in range(config.eval_samples)], factory(world)),
-        "unseen": (
-            [t for t in unseen for _ in range(config.unseen_samples)],
-            factory(unseen_world),
-        ),
+    task = _task_config(config, artifacts)
+    sizes = {
+        "unseen": (config.unseen_questions, config.unseen_samples),
+        "fact_disjoint": (config.fact_disjoint_questions, config.fact_disjoint_samples),
+        "decoy": (config.decoy_questions, config.decoy_samples),
     }
+    sets: dict[str, list[tuple[list[QATask], Any]]] = {}
+    for name in TEST_SETS:
+        n, samples = sizes[name]
+        corpora = eval_set(task, name)
+        per_corpus = -(-n // len(corpora))  # equally from each unseen world
+        sets[name] = [
+            (
+                [t for t in c.tasks[:per_corpus] for _ in range(samples)],
+                lambda c=c: c.make_env(task.env),
+            )
+            for c in corpora
+        ]
+    return sets
 
 
 def _kind_em(report: Report) -> dict[str, float]:
@@ -141,7 +160,7 @@ def _compare(before: Report, after: Report, seed: int) -> dict[str, Any]:
 
 
 def summary_sentence(record: dict[str, Any]) -> str:
-    """One sentence a newcomer can read: what RL did to held-out (and unseen-world) EM."""
+    """One sentence a newcomer can read, led by what RL did on worlds it never saw."""
 
     def clause(c: dict[str, Any]) -> str:
         before, after, gain = c["before"]["mean"], c["after"]["mean"], c["gain"]
@@ -153,12 +172,27 @@ def summary_sentence(record: dict[str, Any]) -> str:
             f"({gain['mean']:+.3f}, 95 % CI [{gain['low']:+.3f}, {gain['high']:+.3f}]{note})"
         )
 
-    held, unseen = record["sets"]["heldout"], record["sets"]["unseen"]
+    sets = record["sets"]
+    unseen, facts, decoy = sets["unseen"], sets["fact_disjoint"], sets["decoy"]
     minutes = record["times"]["train_s"] / 60
     return (
-        f"TRACE RL {clause(held).format(where='held-out')} in {record['rl_steps']} steps "
-        f"({minutes:.1f} min of RL); on a world it never saw it "
-        f"{clause(unseen).format(where='its')}."
+        f"TRACE RL on {record['rl_steps']} freshly generated worlds ({minutes:.1f} min) "
+        f"{clause(unseen).format(where='unseen-world')}; it "
+        f"{clause(facts).format(where='fact-disjoint')}, and behind a decoy corpus answered "
+        f"{decoy['before']['mean']:.3f} -> {decoy['after']['mean']:.3f} from memory."
+    )
+
+
+def _task_config(config: DemoConfig, artifacts: Any) -> Any:
+    """The RL run's task: a world stream, judged on the warm start's world's held-out sets."""
+    from harness.config import TaskConfig
+
+    return TaskConfig(
+        source="stream",
+        world_seed=artifacts.config.world_seed,
+        world=artifacts.config.world,
+        env=artifacts.config.env,
+        questions=config.questions,
     )
 
 
@@ -170,9 +204,9 @@ def _train_config(config: DemoConfig, artifacts: Any) -> Any:
         LossConfig,
         OptimConfig,
         RolloutConfig,
-        TaskConfig,
         TrainConfig,
     )
+    from trace_alloc import Trace
 
     return TrainConfig(
         run_dir=config.run_dir / "rl",
@@ -181,14 +215,8 @@ def _train_config(config: DemoConfig, artifacts: Any) -> Any:
         seed=config.seed,
         checkpoint_every=max(1, config.steps // 4),
         progress=config.progress,
-        task=TaskConfig(
-            world_seed=artifacts.config.world_seed,
-            world=artifacts.config.world,
-            env=artifacts.config.env,
-            questions=config.questions,
-            eval_split="heldout",
-        ),
-        alloc=AllocConfig(name="trace"),
+        task=_task_config(config, artifacts),
+        alloc=AllocConfig(name="trace", trace=Trace(prefer_unmixed=config.prefer_unmixed)),
         budget=BudgetConfig(per_step=config.budget_per_step, pool_size=config.pool_size),
         rollout=RolloutConfig(
             max_new_tokens=artifacts.config.eval.max_action_tokens,
@@ -198,8 +226,9 @@ def _train_config(config: DemoConfig, artifacts: Any) -> Any:
         optim=OptimConfig(lr=config.lr),
         eval=EvalConfig(
             every=config.curve_every,
-            n_questions=config.eval_questions,
-            n_samples=config.curve_samples,
+            sets=("unseen",),
+            n_questions=config.curve_questions,
+            n_samples=1,
             temperature=config.eval_temperature,
         ),
     )
@@ -234,20 +263,26 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     max_new_tokens = artifacts.config.eval.max_action_tokens
 
     def evaluate(name: str, policy_dir: Path) -> dict[str, Report]:
-        # before and after draw from the same seeded sampling stream
-        return {
-            test_set: evaluate_policy_dir(
-                policy_dir,
-                env_factory,
-                tasks,
-                name=f"{name} ({test_set})",
-                temperature=config.eval_temperature,
-                max_new_tokens=max_new_tokens,
-                seed=config.seed,
-                progress=config.progress,
-            )
-            for test_set, (tasks, env_factory) in test_sets.items()
-        }
+        # before and after draw from the same seeded sampling streams; a set of several
+        # corpora (one per unseen world) is one report over all their episodes
+        reports = {}
+        for test_set, corpora in test_sets.items():
+            parts = [
+                evaluate_policy_dir(
+                    policy_dir,
+                    env_factory,
+                    tasks,
+                    name=f"{name} ({test_set})",
+                    temperature=config.eval_temperature,
+                    max_new_tokens=max_new_tokens,
+                    seed=config.seed,
+                    progress=config.progress,
+                )
+                for tasks, env_factory in corpora
+            ]
+            episodes = tuple(e for part in parts for e in part.episodes)
+            reports[test_set] = dataclasses.replace(parts[0], episodes=episodes)
+        return reports
 
     t = time.perf_counter()
     before = evaluate("warm start", artifacts.policy_dir)
@@ -319,20 +354,20 @@ def _print_table(record: dict[str, Any]) -> None:
     table = Table(title="tracerl demo: sampled EM (T=1), 95 % bootstrap CI over questions")
     for column in ("test set", "questions x samples", "warm start", "after TRACE", "gain"):
         table.add_column(column, justify="left" if column == "test set" else "right")
-    labels = {"heldout": "held-out questions", "unseen": "unseen world"}
     for name, c in record["sets"].items():
         cells = [
             f"{c[side]['mean']:{sign}.3f} [{c[side]['low']:.3f}, {c[side]['high']:.3f}]"
             for side, sign in (("before", ""), ("after", ""), ("gain", "+"))
         ]
-        table.add_row(labels[name], f"{c['n_questions']} x {c['n_samples']}", *cells)
+        table.add_row(LABELS[name], f"{c['n_questions']} x {c['n_samples']}", *cells)
     console.print(table)
-    held = record["sets"]["heldout"]
-    kinds = Table(title="held-out EM by question kind")
+    unseen = record["sets"]["unseen"]
+    kinds = Table(title="unseen-world EM by question kind")
     for column in ("kind", "warm start", "after TRACE"):
         kinds.add_column(column, justify="left" if column == "kind" else "right")
-    for kind, em in held["before_by_kind"].items():
-        kinds.add_row(kind, f"{em:.3f}", f"{held['after_by_kind'].get(kind, float('nan')):.3f}")
+    for kind, em in unseen["before_by_kind"].items():
+        after = unseen["after_by_kind"].get(kind, float("nan"))
+        kinds.add_row(kind, f"{em:.3f}", f"{after:.3f}")
     console.print(kinds)
     t = record["times"]
     console.print(

@@ -195,6 +195,19 @@ class World:
             test_entities=ordered(by_entity),
         )
 
+    def hop_facts(self, task_id: str) -> frozenset[tuple[str, str]]:
+        """The facts question `task_id` chains, as `(subject entity id, relation)` pairs.
+
+        A fact's answer is fixed by its subject and relation, so the pair names the fact.
+        Two questions that share no pair share no fact: the fact-disjoint held-out set
+        (`harness.task_sources`) keeps the questions none of whose facts a training question
+        chains.
+
+        Raises:
+            KeyError: no such question.
+        """
+        return frozenset((s.subject_id, s.relation) for s in self.decomposition(task_id).steps)
+
     def question_records(self) -> list[dict[str, Any]]:
         """The questions in FlashRAG form (`id`, `question`, `golden_answers`, ...).
 

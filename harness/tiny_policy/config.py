@@ -51,8 +51,10 @@ class EnvSettings:
     prompt_template: str = "Question: {question}\n"
     """A from-scratch policy needs no instructions; every prompt token costs training time."""
 
-    def make_env(self, tasks: Sequence[QATask], retriever: Retriever) -> SearchQAEnv:
-        """A `SearchQAEnv` with these settings."""
+    def make_env(
+        self, tasks: Sequence[QATask], retriever: Retriever, **env_kwargs: Any
+    ) -> SearchQAEnv:
+        """A `SearchQAEnv` with these settings (`env_kwargs`: its other arguments)."""
         from envs import SearchQAEnv
 
         return SearchQAEnv(
@@ -62,6 +64,7 @@ class EnvSettings:
             top_k=self.top_k,
             max_doc_chars=self.max_doc_chars,
             prompt_template=self.prompt_template,
+            **env_kwargs,
         )
 
 

@@ -139,6 +139,26 @@ def test_bench_on_a_dataset_without_paragraphs_needs_a_retriever(
     assert "has no paragraphs" in caplog.text and "wiki-18" in caplog.text
 
 
+def test_bench_reports_fact_disjoint_questions_and_the_decoy_check(tmp_path: Path) -> None:
+    facts = tmp_path / "facts"
+    args = ["--split", "fact_disjoint", "--agent", "oracle", "--no-progress", "--out", str(facts)]
+    assert bench(args) == 0
+    payload = json.loads((facts / "report.json").read_text())
+    (oracle,) = payload["reports"]
+    assert oracle["overall"]["n"] > 0 and oracle["overall"]["em"] > 0.9  # its corpus answers them
+    assert "split fact_disjoint" in payload["meta"]["dataset"]["sources"][0]["location"]
+    # the decoy: the training questions over another world's documents. An agent that knows the
+    # answers (the oracle follows its plan to the gold answer) still scores; one that reads
+    # what it retrieved cannot
+    decoy = tmp_path / "decoy"
+    args = ["--split", "train", "--corpus-world-seed", "5100", "--limit", "60", "--no-progress"]
+    assert bench([*args, "--out", str(decoy)]) == 0
+    payload = json.loads((decoy / "report.json").read_text())
+    oracle, naive = payload["reports"]
+    assert "world 5100's documents" in payload["meta"]["retriever"]["corpus"]
+    assert naive["overall"]["em"] <= 0.05 < 0.5 < oracle["overall"]["em"]
+
+
 def test_bench_unknown_dataset_suggests_names(caplog: pytest.LogCaptureFixture) -> None:
     assert bench(["--dataset", "musiqe"]) == 2
     assert "Did you mean 'musique'" in caplog.text
@@ -147,4 +167,4 @@ def test_bench_unknown_dataset_suggests_names(caplog: pytest.LogCaptureFixture) 
 def test_bench_rejects_two_retrievers(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     args = ["--index", str(tmp_path), "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path)]
     assert bench(args) == 2
-    assert "at most one of --index, --corpus, --retriever-url" in caplog.text
+    assert "at most one of --index, --corpus, --retriever-url, --corpus-world-seed" in caplog.text

@@ -49,7 +49,11 @@ def test_paired_difference_refuses_different_questions():
         paired_difference({"a": 0.0}, {"b": 1.0})
 
 
-def _record(gain: tuple[float, float, float], unseen: tuple[float, float, float]) -> dict:
+def _record(
+    unseen: tuple[float, float, float],
+    facts: tuple[float, float, float],
+    decoy: tuple[float, float] = (0.02, 0.01),
+) -> dict:
     def side(g):
         mean, low, high = g
         return {
@@ -58,18 +62,25 @@ def _record(gain: tuple[float, float, float], unseen: tuple[float, float, float]
             "gain": {"mean": mean, "low": low, "high": high},
         }
 
+    before, after = decoy
     return {
-        "sets": {"heldout": side(gain), "unseen": side(unseen)},
+        "sets": {
+            "unseen": side(unseen),
+            "fact_disjoint": side(facts),
+            "decoy": {"before": {"mean": before}, "after": {"mean": after}},
+        },
         "rl_steps": 60,
         "times": {"train_s": 420.0},
     }
 
 
-def test_summary_sentence_says_what_rl_did_and_whether_it_is_significant():
+def test_summary_sentence_leads_with_the_unseen_world_gain_and_says_if_it_is_significant():
     text = summary_sentence(_record((0.12, 0.05, 0.19), (0.02, -0.03, 0.07)))
-    assert text.startswith("TRACE RL raised held-out EM from 0.400 to 0.520 (+0.120")
-    assert "95 % CI [+0.050, +0.190])" in text and "in 60 steps (7.0 min of RL)" in text
-    assert "never saw it raised its EM from 0.400 to 0.420" in text
-    assert text.endswith("not significant).")
+    assert text.startswith(
+        "TRACE RL on 60 freshly generated worlds (7.0 min) raised unseen-world EM from 0.400 "
+        "to 0.520 (+0.120, 95 % CI [+0.050, +0.190])"
+    )
+    assert "it raised fact-disjoint EM from 0.400 to 0.420 (+0.020" in text
+    assert "not significant), and behind a decoy corpus answered 0.020 -> 0.010" in text
     worse = summary_sentence(_record((-0.1, -0.15, -0.05), (0.0, 0.0, 0.0)))
-    assert worse.startswith("TRACE RL lowered held-out EM") and "left its EM" in worse
+    assert "lowered unseen-world EM" in worse and "left fact-disjoint EM" in worse

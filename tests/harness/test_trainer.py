@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -307,6 +308,57 @@ def test_a_short_run_logs_every_metric_checkpoints_and_plots(tmp_path, policy_di
     assert png.read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ResumeError, match="already holds a run"):
         train(config)
+
+
+def test_a_world_stream_trains_each_step_on_a_fresh_world_and_evaluates_every_set(
+    tmp_path, policy_dir
+):
+    base = small_config(tmp_path, policy_dir)
+    config = small_config(
+        tmp_path / "run",
+        policy_dir,
+        task=dataclasses.replace(base.task, source="stream", stream_first_seed=300),
+        eval=EvalConfig(every=2, n_questions=4, sets=("unseen", "fact_disjoint", "decoy", "split")),
+    )
+    summary = train(config)
+    records = read_metrics(config.run_dir)
+    assert [r["data/world_seed"] for r in records[1:]] == [300, 301]
+    for record, seed in zip(records[1:], (300, 301), strict=True):
+        assert len(record["data/pool"]) == 4
+        assert all(i.startswith(f"w{seed}/") for i in record["data/pool"])
+        assert record["budget/leaves"] == 16  # the budget meter is the same on every source
+    for name in ("unseen", "fact_disjoint", "decoy", "split"):
+        assert 0.0 <= records[0][f"eval/{name}/em"] <= 1.0
+    assert records[0]["eval/em"] == records[0]["eval/unseen/em"]  # the first set is primary
+    assert summary.totals["leaves"] == 32
+
+
+def test_a_task_file_in_hotpotqa_format_trains_unchanged(tmp_path, policy_dir, shared_data):
+    from benchmarks.qa.cli import corpus
+
+    hotpot = shared_data / "hotpotqa" / "hotpot_dev_distractor.migres200.jsonl"
+    corpus(["--data-file", str(hotpot), "--out", str(tmp_path / "corpus")])
+    task = TaskConfig(
+        source="file",
+        train_file=hotpot,
+        eval_file=hotpot,
+        index=str(tmp_path / "corpus" / "bm25"),
+        env=ENV,
+    )
+    config = small_config(
+        tmp_path / "run",
+        policy_dir,
+        steps=1,
+        task=task,
+        eval=EvalConfig(every=1, n_questions=2),
+        budget=BudgetConfig(per_step=4, pool_size=2),
+    )
+    train(config)
+    records = read_metrics(config.run_dir)
+    questions = [json.loads(line)["_id"] for line in hotpot.read_text().splitlines()]
+    assert set(records[1]["data/pool"]) <= set(questions)
+    assert records[1]["budget/leaves"] == 4 and records[1]["budget/tool_calls"] >= 0
+    assert 0.0 <= records[1]["eval/split/em"] <= 1.0
 
 
 def _cli_args(run_dir: Path, policy: Path, steps: int) -> list[str]:

@@ -1,0 +1,205 @@
+"""Task sources and held-out sets: one world, a world stream, a task file; fact-disjoint, unseen,
+decoy; forks and snapshots across worlds."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from envs import EnvSnapshot, SnapshotError, SnapshotMismatchError, World, WorldConfig
+from harness.config import TaskConfig, TrainConfig
+from harness.errors import HarnessError
+from harness.task_sources import WorldStream, build_tasks, eval_set
+from harness.tiny_policy import EnvSettings
+
+WORLD = WorldConfig(
+    n_countries=3,
+    n_cities=8,
+    n_people=40,
+    n_films=6,
+    n_books=4,
+    n_companies=3,
+    n_universities=2,
+    n_distractors=4,
+    questions_per_kind=4,
+    sentences_per_doc=1,
+)
+ENV = EnvSettings(max_turns=4, top_k=2, max_doc_chars=200)
+TASK = TaskConfig(world=WORLD, env=ENV)
+
+
+def _facts(world: World, tasks) -> set:
+    return set().union(*(world.hop_facts(t.task_id) for t in tasks))
+
+
+def test_fact_disjoint_questions_share_no_hop_fact_with_any_training_question():
+    (corpus,) = eval_set(TASK, "fact_disjoint")
+    world = World.generate(TASK.world_seed, WORLD)
+    train_facts = _facts(world, world.split().train)
+    asked = World.generate(
+        TASK.world_seed, dataclasses.replace(WORLD, questions_per_kind=400)
+    )  # where the set's candidates come from
+    assert len(corpus.tasks) > 0
+    for task in corpus.tasks:
+        prefix, own_id = task.task_id.split("/", 1)
+        assert prefix == f"w{TASK.world_seed}+"
+        assert asked.tasks[own_id].question == task.question
+        assert not asked.hop_facts(own_id) & train_facts
+    # the same world's corpus: every question is answered from the training world's documents
+    assert corpus.retriever.index_id == eval_set(TASK, "split")[0].retriever.index_id
+    # the world's own held-out split is mostly not fact-disjoint (the reason for this set)
+    split = world.split()
+    held = [*split.dev, *split.test, *split.test_entities]
+    assert sum(not world.hop_facts(t.task_id) & train_facts for t in held) < len(held)
+
+
+def test_the_unseen_set_is_one_namespaced_corpus_per_unseen_world():
+    task = dataclasses.replace(TASK, unseen_world_seeds=(7, 8))
+    corpora = eval_set(task, "unseen")
+    assert [c.name for c in corpora] == ["world 7", "world 8"]
+    for seed, corpus in zip((7, 8), corpora, strict=True):
+        world = World.generate(seed, WORLD)
+        assert {t.task_id for t in corpus.tasks} == {f"w{seed}/{i}" for i in world.tasks.ids}
+        assert corpus.retriever.index_id != corpora[0].retriever.index_id or seed == 7
+
+
+def test_the_decoy_asks_training_questions_over_another_worlds_documents():
+    (decoy,) = eval_set(TASK, "decoy")
+    world = World.generate(TASK.world_seed, WORLD)
+    assert sorted(decoy.tasks.ids) == sorted(world.split().train.ids)
+    # shuffled: the first N cover the kinds, not only the split's first kind
+    assert decoy.tasks.ids != world.split().train.ids
+    assert len({(t.question_type, t.n_hops) for t in decoy.tasks[:10]}) > 1
+    other = World.generate(TASK.decoy_world_seed, WORLD)
+    hits = decoy.retriever.search([decoy.tasks[0].question], 3)[0]
+    own_docs = {d.doc_id: d.text for d in world.documents}
+    decoy_docs = {d.doc_id: d.text for d in other.documents}
+    assert all(decoy_docs.get(h.doc_id) == h.text != own_docs.get(h.doc_id) for h in hits)
+
+
+def test_a_world_stream_gives_each_step_a_fresh_world_and_a_seeded_pool():
+    tasks = build_tasks(dataclasses.replace(TASK, source="stream", stream_first_seed=500), ())
+    stream = tasks.train
+    assert isinstance(stream, WorldStream) and tasks.fixed_ids == ()
+    one, two = stream.corpus(1), stream.corpus(2)
+    assert (one.name, two.name) == ("world 500", "world 501")
+    assert not set(one.tasks.ids) & set(two.tasks.ids)  # ids name their world
+    assert one.retriever.index_id != two.retriever.index_id
+    pool = WorldStream.pool(one, 5, seed=0, step=1)
+    assert len(set(pool)) == 5 and set(pool) <= set(one.tasks.ids)
+    assert pool == WorldStream.pool(stream.corpus(1), 5, seed=0, step=1)  # resumable
+    assert pool != WorldStream.pool(one, 5, seed=1, step=1)
+
+
+def test_a_stream_that_would_train_on_a_held_out_world_is_refused():
+    task = dataclasses.replace(TASK, source="stream", stream_first_seed=4_990)
+    with pytest.raises(ValueError, match=r"include the held-out world\(s\) \[5000\]"):
+        TrainConfig(task=task, steps=11)
+    TrainConfig(task=task, steps=10)  # 4990..4999 misses them
+
+
+def test_a_stream_over_the_warm_start_worlds_is_refused():
+    from harness.trainer import _check_policy_task
+
+    shipped = Path(__file__).resolve().parents[2] / "harness" / "tiny_policy" / "warm_start"
+    task = TaskConfig(source="stream", stream_first_seed=1_030)  # demos: worlds 1000..1039
+    config = TrainConfig(policy=shipped, task=task, steps=5)
+    with pytest.raises(HarnessError, match="warm-started or selected on"):
+        _check_policy_task(config)
+    ok = dataclasses.replace(config, task=dataclasses.replace(task, stream_first_seed=100_000))
+    _check_policy_task(ok)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"source": "file"}, "needs --task.train-file and --task.index"),
+        ({"source": "file", "train_file": Path("x.jsonl")}, "needs --task.index"),
+        ({"index": "runs/idx"}, "need --task.source file"),
+        ({"unseen_world_seeds": (0,)}, "is also a held-out world"),
+    ],
+)
+def test_task_configs_that_cannot_work_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        TaskConfig(**fields)
+
+
+def test_an_unknown_held_out_set_is_a_clear_error():
+    with pytest.raises(HarnessError, match="unknown held-out set"):
+        build_tasks(TASK, ("unseen", "nope"))
+
+
+# --- forks and snapshots across worlds --------------------------------------------------------
+
+
+def _played(corpus):
+    env = corpus.make_env(ENV)
+    task = corpus.tasks[0]
+    env.reset(options={"task_id": task.task_id})
+    env.step(f"<search> {task.question} </search>")
+    return env
+
+
+def test_forks_and_snapshots_stay_in_their_world():
+    stream = WorldStream(100, WORLD)
+    a, b = stream.corpus(1), stream.corpus(2)
+    env = _played(a)
+    snap = EnvSnapshot.from_json(env.snapshot().to_json())
+    assert snap.task_id.startswith("w100/") and snap.index_id == a.retriever.index_id
+    # the fork law holds within the world: a fork and a restored env step alike
+    fork = env.fork(1)[0]
+    restored = a.make_env(ENV)
+    restored.restore(snap)
+    action = "<answer> nobody </answer>"
+    assert fork.step(action) == restored.step(action) == env.step(action)
+    # another world's env refuses it, and is left as it was
+    other = _played(b)
+    before = other.snapshot()
+    with pytest.raises(SnapshotMismatchError) as caught:
+        other.restore(snap)
+    assert caught.value.field == "task_id" and isinstance(caught.value, SnapshotError)
+    assert other.snapshot() == before
+
+
+def test_a_snapshot_restored_over_another_index_is_a_typed_error():
+    (decoy,) = eval_set(TASK, "decoy")
+    (train,) = eval_set(dataclasses.replace(TASK, eval_split="train"), "split")
+    env = _played(train)  # a training question over its own world's index
+    snap = env.snapshot()
+    wrong = decoy.make_env(ENV)  # the same questions over another world's documents
+    with pytest.raises(SnapshotMismatchError, match="another corpus") as caught:
+        wrong.restore(snap)
+    assert caught.value.field == "index_id"
+    lenient = ENV.make_env(decoy.tasks, decoy.retriever)  # the default only warns
+    lenient.restore(snap)
+    assert lenient.snapshot().turns == snap.turns
+
+
+def test_trace_memory_remembers_recurring_questions_and_falls_back_to_its_prior_on_a_stream():
+    from harness.config import PredictorConfig
+
+    predictor = PredictorConfig().build(seed=0)
+    stream = WorldStream(100, WORLD)
+    seen = [t.question for t in stream.corpus(1).tasks]
+    fresh = [t.question for t in stream.corpus(2).tasks]
+    assert not set(seen) & set(fresh)  # a fresh world never asks the same question twice
+    n = len(seen)
+    predictor.update(seen, np.zeros(n), weights=np.full(n, 6), is_root=np.ones(n, dtype=bool))
+    text = predictor.text_model
+    # a question asked again is predicted from its own outcomes (6 failures pull it down) ...
+    assert np.all(predictor.predict(seen) < text.predict(seen) - 0.05)
+    # ... a question of a fresh world has none: its prediction is the text model's alone
+    np.testing.assert_allclose(predictor.predict(fresh), text.predict(fresh))
+
+
+def test_a_file_sources_config_reads_back_equal(tmp_path):
+    from harness.config import CONFIG_FILE, load_config
+
+    task = TaskConfig(source="file", train_file=Path("q.jsonl"), index="http://127.0.0.1:1")
+    config = TrainConfig(run_dir=tmp_path, task=task)
+    (tmp_path / CONFIG_FILE).write_text(json.dumps(config.to_json()))
+    assert load_config(tmp_path) == config
