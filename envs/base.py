@@ -28,7 +28,7 @@ class Agent(Protocol):
 
 @runtime_checkable
 class ForkableEnv(Protocol):
-    """An env (or wrapper chain) with the fork trio of DESIGN §3."""
+    """An env (or wrapper chain) with the fork trio of docs/design.md §3."""
 
     def snapshot(self) -> AnySnapshot:
         """The whole state as an immutable, JSON-serialisable value."""

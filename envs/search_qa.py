@@ -6,8 +6,8 @@ O(1) in the history length: a fork shares the episode value, the task set, the r
 the space template, and owns nothing that another env can change. `snapshot` turns the same
 state into a JSON-serialisable `EnvSnapshot`.
 
-Fork law (DESIGN §3): for any reachable state and any action sequence, stepping a fork, or an
-env restored from a snapshot (even one that went through JSON), gives the same observations,
+Fork law (docs/design.md §3): for any reachable state and any action sequence, stepping a fork, or
+an env restored from a snapshot (even one that went through JSON), gives the same observations,
 rewards, flags and infos as stepping the original.
 
 Retrieval inside an episode is deterministic: results are kept per normalised query in the

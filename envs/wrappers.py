@@ -142,7 +142,7 @@ class ForkableWrapper(gym.Wrapper[str, str, str, str]):
 class BudgetMeter(ForkableWrapper):
     """Meters tool calls, retrieved documents, steps and episodes over the wrapper's lifetime.
 
-    Budgets are what equal-cost comparisons count (DESIGN §1); `info["budget"]` carries the
+    Budgets are what equal-cost comparisons count (docs/design.md §1); `info["budget"]` carries the
     running totals after every reset and step. With `max_tool_calls`, the episode in which the
     budget runs out is truncated after that step.
 

@@ -1,6 +1,7 @@
 """Data-parallel CPU training (`torchrun --nproc_per_node N tracerl ... train`): the ranks' share.
 
-Every rank runs the same trainer loop. What is split, and how (docs/decisions.md, D14):
+Every rank runs the same trainer loop. What is split, and how
+(docs/decisions.md, "Data-parallel CPU training"):
 
 - **Rollouts, wave by wave.** Every rank runs the allocator on the same trees with the same
   generator and predictor, so every rank computes the same wave of requests. `ShardedExecutor`

@@ -12,7 +12,7 @@ micro-batches with `backward`, and apply one update with `step`:
   and, at stage 3, the weights across the ranks). A client torch optimizer avoids the
   multi-minute JIT build of DeepSpeed's fused CPU Adam; DeepSpeed's CPU accelerator still
   JIT-builds its shared-memory comm op on first use (about a minute on 2 cores, cached in
-  `~/.cache/torch_extensions`; research/install.md, step 4).
+  `~/.cache/torch_extensions`; docs/design.md §5).
 
 Gradients are *averaged* over ranks, as in DDP and DeepSpeed; the trainer multiplies its loss by
 the world size (OpenRLHF's `dp_size`) so that the averaged gradient is the global token mean's.

@@ -107,7 +107,7 @@ class CompressCommand:
     preset: Literal[
         "pq96fs", "pq192fs", "opq96fs", "rabitq4", "rabitq3", "rabitqfs4", "sq4", "sq8", "hnsw-sq8"
     ] = "pq192fs"
-    """the index family (docs/decisions.md D21 says why pq192fs)"""
+    """the index family (docs/decisions.md, "Wiki-18 on one CPU box", says why pq192fs)"""
     nlist: int = 0
     """IVF cells; 0 picks rows / 320"""
     train_per_list: int = 30
@@ -118,7 +118,7 @@ class CompressCommand:
     """seeds the sample and k-means"""
     nprobe: int = 0
     """the served default of cells scanned per query; 0 picks the fitted value for the row
-    count (docs/decisions.md D21)"""
+    count (docs/decisions.md, "Wiki-18 on one CPU box")"""
     k_factor: int = 32
     """the served default of candidates re-ranked exactly per hit asked for"""
     threads: int | None = None

@@ -107,7 +107,7 @@ class CompressConfig:
     """How `compress_flat_index` builds."""
 
     preset: Preset = "pq192fs"
-    """the index family (`PRESETS`; docs/decisions.md D21 says why pq192fs)"""
+    """the index family (`PRESETS`; docs/decisions.md, "Wiki-18 on one CPU box", says why)"""
     nlist: int = 0
     """IVF cells; 0 picks n / 320 (65,536 for wiki-18), so that lists hold about 320 rows"""
     train_per_list: int = 30
@@ -461,7 +461,7 @@ def rerank(
 # nprobe(N) = NPROBE_SCALE · (N / 1e6) ** NPROBE_POWER: pq192fs with k_factor 32 met
 # 10-recall@10 >= 0.98 at 1M rows with nprobe 48, and the goal nprobe grew in proportion to N
 # from 0.25M to 1M for sq8 and rabitq3 (benchmarks/perf/retrieval_scale.py); beyond 1M this is
-# an extrapolation (docs/decisions.md D21).
+# an extrapolation (docs/decisions.md, "Wiki-18 on one CPU box").
 NPROBE_SCALE = 48.0
 NPROBE_POWER = 1.0
 

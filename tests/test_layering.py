@@ -1,4 +1,7 @@
-"""The import table of the packages and of benchmarks' rooms (docs/decisions.md, D20)."""
+"""The import table of the packages and of benchmarks' rooms.
+
+Why the rooms: docs/decisions.md, "`benchmarks/` in three rooms"; the table: docs/style.md §2.1.
+"""
 
 from __future__ import annotations
 

@@ -20,7 +20,8 @@ the outcomes of its own past bare rollouts:
   rollouts counts 8 times a prefix with one leaf).
 
 It is an extension of the paper in the spirit of history-based prompt selection (PCL's on-policy
-value model, GRESO's per-prompt history of zero-variance groups); docs/decisions.md, D16.
+value model, GRESO's per-prompt history of zero-variance groups); docs/decisions.md, "The predictor
+remembers each question".
 """
 
 from __future__ import annotations

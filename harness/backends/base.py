@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 STOP_STRINGS: tuple[str, ...] = ("</search>", "</answer>")
-"""An action ends at the first of these (DESIGN §2)."""
+"""An action ends at the first of these (docs/design.md §2)."""
 
 
 class BackendUnavailable(HarnessError, ImportError):

@@ -45,7 +45,7 @@ class EnvSettings:
     max_turns: int = 8
     """Actions per episode: room for a 4-hop question, one wrong query and a re-query."""
     top_k: int = 2
-    """Documents per search. Two keep observations short (research/tiny_policy.md)."""
+    """Documents per search. Two keep observations short (docs/tiny_policy.md)."""
     max_doc_chars: int = 240
     """Each document is cut to this many characters."""
     prompt_template: str = "Question: {question}\n"
@@ -70,8 +70,8 @@ class ModelConfig:
     """Shape of the tiny Qwen3 policy.
 
     The default (hidden 192, 3 layers, about 1.8M parameters with a 2k vocabulary) comes from
-    `research/tiny_policy.md`: at equal wall time on 2 cores it took twice the optimizer steps
-    of a 3.9M model and reached a far lower loss.
+    docs/tiny_policy.md ("The feasibility study"): at equal wall time on 2 cores it took twice
+    the optimizer steps of a 3.9M model and reached a far lower loss.
     """
 
     hidden_size: int = 192
@@ -103,7 +103,7 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SFTConfig:
-    """Settings of the supervised warm start (defaults: research/tiny_policy.md, run D)."""
+    """Settings of the supervised warm start (defaults: docs/tiny_policy.md)."""
 
     max_steps: int = 3600
     """Optimizer steps at most; the cosine schedule spans them (training stops early once the
@@ -154,7 +154,7 @@ class DemoConfig:
     n_worlds: int = 40
     """Extra generated worlds (fresh names, same templates) whose every question is shown once:
     with them the policy learns to read names from observations instead of memorising one
-    world (research/tiny_policy.md)."""
+    world (docs/tiny_policy.md)."""
     first_world_seed: int = 1000
     """Seeds of the extra worlds are first_world_seed, first_world_seed + 1, ..."""
     target_variants: int = 1
@@ -198,7 +198,7 @@ def default_world_config() -> WorldConfig:
     """The target world: one-sentence paragraphs and up to 40 questions per kind.
 
     One sentence per paragraph keeps observations short, the main lever on SFT steps and on
-    the policy learning to copy names from what it reads (research/tiny_policy.md); the world
+    the policy learning to copy names from what it reads (docs/tiny_policy.md); the world
     then asks 2-hop, 3-hop and 4-hop bridges and comparisons (no inference kinds: their facts
     need a second sentence), which spreads difficulty across kinds. 40 questions per kind
     give 365 questions, 79 of them held out.

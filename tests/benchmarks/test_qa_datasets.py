@@ -21,7 +21,7 @@ from benchmarks.qa.qa_datasets import (
     load_named,
 )
 
-# --- the real shared samples (counts from ../shared/data/SOURCES.md) ---------------------------
+# --- the real dev samples (docs/benchmarks.md, "The real dev samples") ------------------------
 
 REAL = {
     "hotpotqa/hotpot_dev_distractor.rpt_sample500.hf.jsonl": (

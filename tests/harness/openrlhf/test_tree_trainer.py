@@ -227,7 +227,8 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
     assert all(size % 4 == 0 and size > 0 for size in sizes)
 
     # the last step's advantages are exactly trace_alloc's tree advantages, leaf by leaf (the
-    # leaves with signal; fillers have action mask 0, docs/decisions.md D13)
+    # leaves with signal; fillers have action mask 0,
+    # docs/decisions.md, "One objective")
     step = generator.last_step
     kept = [step.trees[i] for i in step.train_indices]
     expected = pad_to_multiple(
