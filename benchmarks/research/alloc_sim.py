@@ -11,8 +11,8 @@ The simulated policy (docs/trace_alloc.md, "Simulation benchmark"):
   effective ratio (uniform, G = 8) falls inside the paper's GRPO range, 26.8-42.8 %.
 - **Turns.** Each search turn moves the success probability as a martingale,
   V' ~ Beta(κ V, κ (1 − V)), so E[V' | V] = V and V_t (1 − V_t) is exactly the contrast left
-  (trace_paper.md §2.4). The agent answers with a hazard that grows with the searches done and
-  with V; the terminal reward is Bernoulli(V). Search turns cost one tool call.
+  (the paper's theory section). The agent answers with a hazard that grows with the searches
+  done and with V; the terminal reward is Bernoulli(V). Search turns cost one tool call.
 - **Text.** Question text carries type, hops, topic and invented names. Each observation
   lists three document titles, on-topic with probability V', plus a noisy bucket word of
   logit V'. So the real predictor (`trace_alloc.MLPPredictor` on hashed n-grams) has something

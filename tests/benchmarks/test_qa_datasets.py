@@ -283,7 +283,7 @@ def test_combining_overlapping_hotpotqa_samples_keeps_975_unique(shared_data: Pa
         )
     ]
     combined = combine(parts)
-    assert len(combined.tasks) == 975  # SOURCES.md: 975 unique HotpotQA dev questions
+    assert len(combined.tasks) == 975  # docs/benchmarks.md, "The real dev samples"
     assert len(combined.sources) == 3
 
 
