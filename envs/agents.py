@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,7 +74,7 @@ class OracleAgent:
         self._pending: str | None = None  # what the last action was: "hop", "noise" or None
         self._n_seen = 0
 
-    def reset(self, prompt: str, info: dict[str, Any]) -> None:
+    def reset(self, prompt: str, info: Mapping[str, Any]) -> None:
         """Start an episode on `info["task_id"]`.
 
         Raises:
@@ -88,7 +88,7 @@ class OracleAgent:
         self._pending = None
         self._n_seen = len(info.get("retrieved_doc_ids", ()))
 
-    def act(self, observation: str, info: dict[str, Any]) -> str:
+    def act(self, observation: str, info: Mapping[str, Any]) -> str:
         """The next action: a hop's query, a noisy query, a re-query, or the answer."""
         plan = self._plan
         if plan is None:
@@ -166,12 +166,12 @@ class NaiveAgent:
         self._question = ""
         self._searched = False
 
-    def reset(self, prompt: str, info: dict[str, Any]) -> None:
+    def reset(self, prompt: str, info: Mapping[str, Any]) -> None:
         """Start an episode; the question comes from `info["question"]`."""
         self._question = str(info.get("question", ""))
         self._searched = False
 
-    def act(self, observation: str, info: dict[str, Any]) -> str:
+    def act(self, observation: str, info: Mapping[str, Any]) -> str:
         """Search the question first; then answer."""
         if not self._searched:
             self._searched = True

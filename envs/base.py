@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol, Self, runtime_checkable
 
 from envs.snapshot import AnySnapshot
@@ -17,11 +18,11 @@ class Agent(Protocol):
     observation (the prompt first) and its info, and steps the env with the returned text.
     """
 
-    def reset(self, prompt: str, info: dict[str, Any]) -> None:
+    def reset(self, prompt: str, info: Mapping[str, Any]) -> None:
         """Start an episode."""
         ...
 
-    def act(self, observation: str, info: dict[str, Any]) -> str:
+    def act(self, observation: str, info: Mapping[str, Any]) -> str:
         """The next action text, e.g. "<search> Acme founder </search>"."""
         ...
 

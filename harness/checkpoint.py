@@ -97,7 +97,8 @@ def save_checkpoint(
         torch.save(dict(model), tmp / "model.pt")
         torch.save(dict(optimizer), tmp / "optimizer.pt")
         torch.save(torch.get_rng_state(), tmp / "rng.pt")
-        np.savez(tmp / "predictor.npz", **{k: np.asarray(v) for k, v in predictor.items()})
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in predictor.items()}
+        np.savez(tmp / "predictor.npz", **arrays)
         record = {"schema_version": SCHEMA_VERSION, "step": step, **dict(state)}
         (tmp / "state.json").write_text(json.dumps(record), encoding="utf-8")
 

@@ -499,7 +499,9 @@ def failed_leaves(tree: RolloutTree) -> frozenset[int]:
     (`harness.episodes.apply_turn`); its reward 0 says nothing about the policy.
     """
     return frozenset(
-        leaf for leaf in tree.leaves() if tree.nodes[leaf].turn.info.get("end") == "failed"
+        leaf
+        for leaf in tree.leaves()
+        if (turn := tree.nodes[leaf].turn) is not None and turn.info.get("end") == "failed"
     )
 
 

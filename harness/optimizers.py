@@ -76,7 +76,8 @@ class OptimizerStep(Protocol):
 def _adamw(
     model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float
 ) -> torch.optim.AdamW:
-    decay, no_decay = [], []
+    decay: list[Any] = []
+    no_decay: list[Any] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)

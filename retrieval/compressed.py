@@ -158,7 +158,7 @@ def _read_rows(fd: int, flat: FlatVectors, rows: np.ndarray, buffer: np.ndarray)
         while j < len(rows) and rows[j] == rows[j - 1] + 1:
             j += 1
         offset = flat.offset + int(rows[i]) * row_bytes
-        got = os.preadv(fd, [memoryview(view[i * row_bytes : j * row_bytes])], offset)
+        got = os.preadv(fd, [view[i * row_bytes : j * row_bytes].data], offset)
         if got != (j - i) * row_bytes:
             raise IndexFormatError(f"{flat.path}: short read at row {rows[i]}")
         i = j
@@ -293,7 +293,7 @@ def read_compressed_record(directory: str | Path) -> dict[str, Any]:
     """
     path = Path(directory) / COMPRESSED_NAME
     try:
-        record = json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise IndexFormatError(
             f"{path}: cannot read it ({err}); build one with `tracerl index compress`"
@@ -369,9 +369,9 @@ class CompressedIndex:
         if settings.k_factor > 0 and self._flat is None:
             raise ValueError("k_factor > 0 needs the flat file; open the index with k_factor > 0")
         self.settings = settings
-        hnsw = faiss.SearchParametersHNSW(efSearch=settings.ef)
+        hnsw = faiss.SearchParametersHNSW(efSearch=settings.ef)  # type: ignore[attr-defined]
         if self._ivf is not None:
-            self._params: Any = faiss.SearchParametersIVF(
+            self._params: Any = faiss.SearchParametersIVF(  # type: ignore[call-arg]
                 nprobe=settings.nprobe, quantizer_params=hnsw
             )
         else:
@@ -381,7 +381,7 @@ class CompressedIndex:
         """The IVF centroids (nlist, d), to reuse in another build over the same rows."""
         if self._ivf is None:
             raise ValueError(f"{self.directory} is not an IVF index")
-        return self._ivf.quantizer.reconstruct_n(0, self._ivf.nlist)
+        return np.asarray(self._ivf.quantizer.reconstruct_n(0, self._ivf.nlist))
 
     def coarse(self, vectors: np.ndarray) -> np.ndarray:
         """The `nprobe` IVF cells each query scans, (Q, nprobe) (the coarse quantizer's step)."""
@@ -389,7 +389,7 @@ class CompressedIndex:
             raise ValueError(f"{self.directory} is not an IVF index")
         hnsw = self._params.quantizer_params
         _, cells = self._ivf.quantizer.search(vectors, self.settings.nprobe, params=hnsw)
-        return cells
+        return np.asarray(cells)
 
     def close(self) -> None:
         """Unmap the flat file."""
@@ -413,7 +413,8 @@ class CompressedIndex:
     def candidates(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The compressed index's own top `k·k_factor` (top `k` without re-rank), best first."""
         n_candidates = min(self.ntotal, k * max(1, self.settings.k_factor))
-        return self._index.search(vectors, n_candidates, params=self._params)
+        scores, ids = self._index.search(vectors, n_candidates, params=self._params)
+        return scores, ids
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top `k` rows per query, scored exactly from the flat file when re-ranking.
@@ -468,4 +469,4 @@ NPROBE_POWER = 1.0
 
 def fitted_nprobe(n: int) -> int:
     """The default nprobe for `n` rows (`NPROBE_SCALE`, `NPROBE_POWER`), at least 8."""
-    return max(8, math.ceil(NPROBE_SCALE * (n / 1e6) ** NPROBE_POWER))
+    return max(8, math.ceil(NPROBE_SCALE * float((n / 1e6) ** NPROBE_POWER)))

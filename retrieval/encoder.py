@@ -116,7 +116,10 @@ class SentenceEncoder:
             self._model.max_seq_length = max_seq_length
         self._batch_size = batch_size
         self._fingerprint = model_fingerprint(self._model_dir)
-        self._dim = int(self._model.get_embedding_dimension())
+        dim = self._model.get_embedding_dimension()
+        if dim is None:
+            raise EncoderError(f"{self._model_dir}: the model does not state its embedding size")
+        self._dim = int(dim)
         self._lock = threading.Lock()
         log.info("loaded encoder %s (dim %d) from %s", self._name, self._dim, self._model_dir)
 

@@ -155,3 +155,49 @@ def test_the_checker_sees_a_room_crossing(tmp_path: Path) -> None:
     rooms = {_room(m) for m in _imported_modules(bad)} - {None}
     assert rooms == {"benchmarks.research", "benchmarks.perf"}
     assert not rooms <= ROOMS["benchmarks.qa"]
+
+
+def _top_level_work(source: str) -> list[str]:
+    """Top-level statements of a module that do something when it is imported.
+
+    Allowed: imports, definitions, assignments to names, the docstring, and the `__main__` and
+    `TYPE_CHECKING` blocks. A call at top level, or an assignment into something else
+    (`os.environ["X"] = ...`), is work.
+    """
+    guards = {"__name__ == '__main__'", "TYPE_CHECKING"}
+    work = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if isinstance(node, ast.ClassDef):
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            continue
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) in guards:
+            continue
+        if isinstance(node, ast.Assert):
+            continue  # a check of the module's own tables (qa_datasets' FORMATS)
+        work.append(f"{node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    return work
+
+
+def test_importing_a_benchmark_module_runs_nothing() -> None:
+    """The doctest run imports every module: a script's work waits for `__main__`."""
+    work = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _modules("benchmarks")
+        for line in _top_level_work(path.read_text(encoding="utf-8"))
+    ]
+    assert not work, "module-level work in benchmarks:\n" + "\n".join(work)
+
+
+def test_the_side_effect_check_sees_module_level_work() -> None:
+    source = (
+        '"""doc"""\nimport os\nX: int = 1\nos.environ["A"] = "1"\nprint(X)\n'
+        'if __name__ == "__main__":\n    print(2)\n'
+    )
+    assert _top_level_work(source) == ["4: os.environ['A'] = '1'", "5: print(X)"]

@@ -339,7 +339,7 @@ class RandomTree(_TreeSearch):
 
     def _anchors(self, tree: RolloutTree, k: int, rng: np.random.Generator) -> list[int]:
         candidates = [node.node_id for node in tree.nodes if not node.is_leaf]
-        return rng.choice(candidates, size=k, replace=True).tolist()
+        return [int(i) for i in rng.choice(candidates, size=k, replace=True)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -481,9 +481,9 @@ class Trace:
         # a budget below the minimum still opens one prompt, with all of it
         lo = max(2, min(self.min_per_prompt, n_roots))
         if self.stage1 == "uniform":
-            requests = _groups(range(len(view.trees)), n_roots, self.group_size, exact=view.exact)
+            groups = _groups(range(len(view.trees)), n_roots, self.group_size, exact=view.exact)
             return AllocPlan(
-                requests=tuple(requests), stage="roots", diagnostics={"n_prompts": len(requests)}
+                requests=tuple(groups), stage="roots", diagnostics={"n_prompts": len(groups)}
             )
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.zeros(len(view.trees), dtype=np.int64)
@@ -571,8 +571,8 @@ class Trace:
         current = np.array([len(t.root.children) for t in view.trees], dtype=np.int64)
         if self.stage1 == "uniform":
             order = _fresh(view.trees)
-            requests = _groups(order, view.leaves_left, self.group_size, exact=view.exact)
-            return AllocPlan(requests=tuple(requests), stage="roots")
+            groups = _groups(order, view.leaves_left, self.group_size, exact=view.exact)
+            return AllocPlan(requests=tuple(groups), stage="roots")
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.minimum(current, self.max_per_prompt)
         solution = solve_roots(

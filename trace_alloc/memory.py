@@ -94,7 +94,7 @@ class MemoryPredictor:
         p = np.asarray(self.text_model.predict(histories), dtype=np.float64)
         s, n = self.memory(histories)
         k = self.prior_strength
-        return (k * p + s) / (k + n)
+        return np.asarray((k * p + s) / (k + n))
 
     def update(
         self,

@@ -231,7 +231,7 @@ class MLPPredictor:
         x = _sparse(self.featurizer.featurize(histories))
         p = self._forward(x)[0]
         c = self.familiarity(x)
-        return (c * p + (1.0 - c) * self.prior).astype(np.float64)
+        return np.asarray(c * p + (1.0 - c) * self.prior, dtype=np.float64)
 
     def update(
         self,

@@ -65,7 +65,7 @@ def v_prefix(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
     >>> float(v_prefix(0.75, 2))
     0.4375
     """
-    return 1.0 - np.asarray(q, dtype=np.float64) ** np.asarray(k)
+    return np.asarray(1.0 - np.asarray(q, dtype=np.float64) ** np.asarray(k))
 
 
 def prefix_gain(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
@@ -75,7 +75,7 @@ def prefix_gain(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
     (0.25, 0.1875)
     """
     q = np.asarray(q, dtype=np.float64)
-    return q ** np.asarray(k) * (1.0 - q)
+    return np.asarray(q ** np.asarray(k) * (1.0 - q))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,4 +222,4 @@ def split_budget(total: int, weights: np.ndarray) -> np.ndarray:
     left = total - int(shares.sum())
     order = np.lexsort((np.arange(w.shape[0]), -(exact - shares)))
     shares[order[:left]] += 1
-    return shares
+    return np.asarray(shares)

@@ -418,7 +418,7 @@ class RolloutTree:
             )
         try:
             raw_nodes = list(data["nodes"])
-            header = {
+            header: dict[str, Any] = {
                 "prompt_id": str(data["prompt_id"]),
                 "prompt_text": str(data["prompt_text"]),
                 "prompt_token_ids": tuple(int(t) for t in data.get("prompt_token_ids", ())),

@@ -52,7 +52,7 @@ from envs.errors import EnvError
 from envs.protocol import Protocol
 from envs.rewards import RewardKind
 from envs.tasks import TaskSet
-from harness.backends.base import SamplingParams
+from harness.backends.base import PolicyBackend, SamplingParams
 from harness.errors import EndpointError, EndpointRejected, HarnessError
 from retrieval import (
     BM25Retriever,
@@ -384,7 +384,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
     inner = retriever.inner if isinstance(retriever, CachedRetriever) else retriever
     manifest = getattr(inner, "manifest", None)
     url = isinstance(inner, HTTPRetriever)
-    if manifest is None and url:
+    if manifest is None and isinstance(inner, HTTPRetriever):
         manifest = _server_manifest(inner)
     documents = getattr(inner, "documents", None)
     meta = {
@@ -562,10 +562,11 @@ def make_agent(
     if kind == "transformers":
         from harness.backends.transformers_backend import TransformersBackend
 
-        backend = TransformersBackend(
+        local = TransformersBackend(
             args.model, device=args.device, batch_size=args.concurrency, seed=seed
         )
-        tokenizer = backend.tokenizer
+        backend: PolicyBackend = local
+        tokenizer = local.tokenizer
     else:
         from transformers import AutoTokenizer
 

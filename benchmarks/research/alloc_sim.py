@@ -500,7 +500,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def run_world(
     args: Args, variants: Sequence[str], tokens_variants: Sequence[str]
-) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, Series]], dict[str, int]]:
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, Series]], dict[str, float]]:
     """Every variant on one world, leaves then tokens; GRPO at equal prompts follows TRACE.
 
     Returns:

@@ -375,7 +375,8 @@ class TreeSamplesGenerator(SamplesGenerator):
             state["backend_rng"] = self.backend.rng_state()
 
         def write(tmp: Path) -> None:
-            np.savez(tmp / "predictor.npz", **self.predictor.state_dict())
+            arrays: dict[str, Any] = dict(self.predictor.state_dict())
+            np.savez(tmp / "predictor.npz", **arrays)
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
         write_dir_atomic(directory, write)
