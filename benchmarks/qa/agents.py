@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from benchmarks.qa.qa_datasets import LoadedDataset, SubQuestion
+from benchmarks.qa.qa_datasets import DecompositionStep, LoadedDataset
 from envs import Agent as ScriptedPolicy
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
@@ -171,7 +171,7 @@ def _musique_query(question: str, answers: Sequence[str]) -> str:
     return " ".join(_STEP_REF.sub(answer_of, question).replace(">>", " ").split())
 
 
-def _plan_from_steps(steps: Sequence[SubQuestion], answer: str) -> OraclePlan:
+def _plan_from_steps(steps: Sequence[DecompositionStep], answer: str) -> OraclePlan:
     answers = [s.answer for s in steps]
     return OraclePlan(
         queries=tuple(_musique_query(s.question, answers[:i]) for i, s in enumerate(steps)),

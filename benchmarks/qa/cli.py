@@ -38,9 +38,9 @@ from benchmarks.qa.errors import BenchmarkError, UnknownNameError
 from benchmarks.qa.evaluation import EpisodeRecord, Report, evaluate
 from benchmarks.qa.qa_datasets import (
     DatasetSource,
+    DecompositionStep,
     FormatName,
     LoadedDataset,
-    SubQuestion,
     combine,
     load_file,
     load_named,
@@ -141,7 +141,7 @@ def _load_synthetic(args: DataArgs) -> LoadedData:
         tasks = tasks[: args.limit]
     decompositions = {
         t.task_id: tuple(
-            SubQuestion(question=s.query, answer=s.answer)
+            DecompositionStep(question=s.query, answer=s.answer)
             for s in world.decomposition(t.task_id).steps
         )
         for t in tasks

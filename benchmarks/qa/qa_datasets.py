@@ -49,10 +49,10 @@ __all__ = [
     "FLASHRAG_REPO",
     "FORMATS",
     "DatasetSource",
+    "DecompositionStep",
     "FormatName",
     "HubDataset",
     "LoadedDataset",
-    "SubQuestion",
     "combine",
     "detect_format",
     "load_file",
@@ -70,7 +70,7 @@ FLASHRAG_REPO = "RUC-NLPIR/FlashRAG_datasets"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SubQuestion:
+class DecompositionStep:
     """One step of a dataset's own question decomposition (MuSiQue gives them)."""
 
     question: str
@@ -108,7 +108,7 @@ class LoadedDataset:
     """The dataset name used in reports (`hotpotqa`, `musique`, ...)."""
     tasks: TaskSet
     sources: tuple[DatasetSource, ...]
-    decompositions: Mapping[str, tuple[SubQuestion, ...]] = field(default_factory=dict)
+    decompositions: Mapping[str, tuple[DecompositionStep, ...]] = field(default_factory=dict)
     """task_id -> the dataset's decomposition, where it has one (the scripted oracle uses it)."""
 
     @property
@@ -234,7 +234,7 @@ def _musique_type(task_id: str) -> tuple[str, int | None]:
 
 # --- converters: one native record -> (QATask, decomposition) ---------------------------------
 
-Parsed = tuple[QATask, tuple[SubQuestion, ...]]
+Parsed = tuple[QATask, tuple[DecompositionStep, ...]]
 Converter = Callable[[Mapping[str, Any], int, str], Parsed]
 
 
@@ -264,7 +264,7 @@ def _from_musique(record: Mapping[str, Any], index: int, name: str) -> Parsed:
     task_id = str(record["id"])
     question_type, n_hops = _musique_type(task_id)
     steps = tuple(
-        SubQuestion(question=str(step["question"]), answer=str(step["answer"]))
+        DecompositionStep(question=str(step["question"]), answer=str(step["answer"]))
         for step in record.get("question_decomposition") or ()
     )
     return (
@@ -348,10 +348,10 @@ def _from_flashrag(record: Mapping[str, Any], index: int, name: str) -> Parsed:
         question_type, n_hops = _musique_type(task_id)
     dataset = str(record.get("dataset") or record.get("data_source") or name)
     decomposition = record.get("decomposition")  # the synthetic world's export
-    steps: tuple[SubQuestion, ...] = ()
+    steps: tuple[DecompositionStep, ...] = ()
     if isinstance(decomposition, Mapping):
         steps = tuple(
-            SubQuestion(question=str(s["query"]), answer=str(s["answer"]))
+            DecompositionStep(question=str(s["query"]), answer=str(s["answer"]))
             for s in decomposition.get("steps", ())
         )
     return (
@@ -563,7 +563,7 @@ def records_to_dataset(
     spec = _check_format(fmt)
     name = name or spec.dataset
     tasks: list[QATask] = []
-    decompositions: dict[str, tuple[SubQuestion, ...]] = {}
+    decompositions: dict[str, tuple[DecompositionStep, ...]] = {}
     first_seen: dict[str, str] = {}
     for index, (where, record) in enumerate(records):
         if limit is not None and index >= limit:
@@ -835,7 +835,7 @@ def combine(parts: Sequence[LoadedDataset]) -> LoadedDataset:
     if len(parts) == 1:
         return parts[0]
     tasks: dict[str, QATask] = {}
-    decompositions: dict[str, tuple[SubQuestion, ...]] = {}
+    decompositions: dict[str, tuple[DecompositionStep, ...]] = {}
     n_dropped = 0
     for part in parts:
         for task in part.tasks:
