@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 from tqdm.auto import tqdm
 
-from envs.base import Agent
+from envs.base import ScriptedPolicy
 from envs.errors import EnvConfigError
 from envs.synthetic.dice import Dice
 from envs.synthetic.questions import Decomposition, SubQuestion
@@ -197,7 +197,7 @@ class EpisodeResult:
     actions: tuple[str, ...]
 
 
-def run_episode(env: gym.Env[str, str], agent: Agent, task_id: str) -> EpisodeResult:
+def run_episode(env: gym.Env[str, str], agent: ScriptedPolicy, task_id: str) -> EpisodeResult:
     """Play one episode of `agent` on task `task_id` through the env API."""
     observation, info = env.reset(options={"task_id": task_id})
     agent.reset(observation, info)
@@ -228,7 +228,7 @@ def run_episode(env: gym.Env[str, str], agent: Agent, task_id: str) -> EpisodeRe
 
 def run_agent(
     env: gym.Env[str, str],
-    agent: Agent,
+    agent: ScriptedPolicy,
     task_ids: Sequence[str],
     *,
     progress: bool = False,

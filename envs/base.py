@@ -7,15 +7,17 @@ from typing import Any, Protocol, Self, runtime_checkable
 
 from envs.snapshot import AnySnapshot
 
-__all__ = ["Agent", "ForkableEnv"]
+__all__ = ["ForkableEnv", "ScriptedPolicy"]
 
 
 @runtime_checkable
-class Agent(Protocol):
+class ScriptedPolicy(Protocol):
     """A policy that acts through the env API only, one action text per turn.
 
     The runner calls `reset` with the prompt and info of `env.reset`, then `act` with each
-    observation (the prompt first) and its info, and steps the env with the returned text.
+    observation (the prompt first) and its info, and steps the env with the returned text. It
+    plays one episode at a time; `benchmarks.qa.ScriptedAgent` adapts it to the one agent
+    protocol evaluation plays, the batched `benchmarks.qa.Agent`.
     """
 
     def reset(self, prompt: str, info: Mapping[str, Any]) -> None:

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from benchmarks.qa.qa_datasets import DecompositionStep, LoadedDataset
-from envs import Agent as ScriptedPolicy
+from envs import ScriptedPolicy
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
 from harness.episodes import EpisodeCodec
