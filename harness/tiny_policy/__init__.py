@@ -6,7 +6,7 @@ checkpoint selection, held-out evaluation) or reuses the cached one, and returns
 """
 
 from harness.tiny_policy.config import (
-    DemoConfig,
+    DemonstrationConfig,
     EnvSettings,
     EvalConfig,
     InitModelArgs,
@@ -18,7 +18,7 @@ from harness.tiny_policy.pipeline import PolicyArtifacts, init_model, is_hard, l
 from harness.tiny_policy.report import summary_table
 
 __all__ = [
-    "DemoConfig",
+    "DemonstrationConfig",
     "EnvSettings",
     "EvalConfig",
     "InitModelArgs",

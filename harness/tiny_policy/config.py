@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RECIPE_VERSION",
-    "DemoConfig",
+    "DemonstrationConfig",
     "EnvSettings",
     "EvalConfig",
     "InitModelArgs",
@@ -148,7 +148,7 @@ class SFTConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DemoConfig:
+class DemonstrationConfig:
     """Which demonstrations the warm start sees."""
 
     n_worlds: int = 40
@@ -217,7 +217,7 @@ class TinyPolicyConfig:
     vocab_size: int = 2048
     """Byte-level BPE vocabulary, tags and special tokens included."""
     model: ModelConfig = field(default_factory=ModelConfig)
-    demos: DemoConfig = field(default_factory=DemoConfig)
+    demos: DemonstrationConfig = field(default_factory=DemonstrationConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -238,7 +238,7 @@ class TinyPolicyConfig:
             env=EnvSettings(**record["env"]),
             vocab_size=record["vocab_size"],
             model=ModelConfig(**record["model"]),
-            demos=DemoConfig(**record["demos"]),
+            demos=DemonstrationConfig(**record["demos"]),
             sft=SFTConfig(**sft),
             eval=EvalConfig(**record["eval"]),
         )
