@@ -8,11 +8,11 @@ checkpoint selection, held-out evaluation) or reuses the cached one, and returns
 from harness.tiny_policy.config import (
     DemonstrationConfig,
     EnvSettings,
-    EvalConfig,
     InitModelArgs,
     ModelConfig,
     SFTConfig,
     TinyPolicyConfig,
+    WarmStartEvalConfig,
 )
 from harness.tiny_policy.pipeline import PolicyArtifacts, init_model, is_hard, load_artifacts
 from harness.tiny_policy.report import summary_table
@@ -20,12 +20,12 @@ from harness.tiny_policy.report import summary_table
 __all__ = [
     "DemonstrationConfig",
     "EnvSettings",
-    "EvalConfig",
     "InitModelArgs",
     "ModelConfig",
     "PolicyArtifacts",
     "SFTConfig",
     "TinyPolicyConfig",
+    "WarmStartEvalConfig",
     "init_model",
     "is_hard",
     "load_artifacts",

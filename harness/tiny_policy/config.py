@@ -26,11 +26,11 @@ __all__ = [
     "RECIPE_VERSION",
     "DemonstrationConfig",
     "EnvSettings",
-    "EvalConfig",
     "InitModelArgs",
     "ModelConfig",
     "SFTConfig",
     "TinyPolicyConfig",
+    "WarmStartEvalConfig",
     "default_world_config",
 ]
 
@@ -171,7 +171,7 @@ class DemonstrationConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalConfig:
+class WarmStartEvalConfig:
     """How checkpoints are picked and the result is measured."""
 
     select_on: Literal["target_dev", "unseen_world"] = "target_dev"
@@ -219,7 +219,7 @@ class TinyPolicyConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     demos: DemonstrationConfig = field(default_factory=DemonstrationConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: WarmStartEvalConfig = field(default_factory=WarmStartEvalConfig)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (tuples become lists)."""
@@ -240,7 +240,7 @@ class TinyPolicyConfig:
             model=ModelConfig(**record["model"]),
             demos=DemonstrationConfig(**record["demos"]),
             sft=SFTConfig(**sft),
-            eval=EvalConfig(**record["eval"]),
+            eval=WarmStartEvalConfig(**record["eval"]),
         )
 
     @property

@@ -16,11 +16,11 @@ from harness.cli import main as tracerl
 from harness.tiny_policy import (
     DemonstrationConfig,
     EnvSettings,
-    EvalConfig,
     ModelConfig,
     PolicyArtifacts,
     SFTConfig,
     TinyPolicyConfig,
+    WarmStartEvalConfig,
     init_model,
     is_hard,
     load_artifacts,
@@ -45,7 +45,9 @@ SMALL = TinyPolicyConfig(
     demos=DemonstrationConfig(n_worlds=1, target_variants=1),
     sft=SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
     env=EnvSettings(max_turns=4),
-    eval=EvalConfig(n_unseen_questions=4, n_dev_samples=1, n_samples=2, max_action_tokens=16),
+    eval=WarmStartEvalConfig(
+        n_unseen_questions=4, n_dev_samples=1, n_samples=2, max_action_tokens=16
+    ),
 )
 
 
