@@ -152,7 +152,7 @@ class Question:
     difficulty: float
 
 
-class World:
+class SimWorld:
     """The question bank and the policy's ability schedule."""
 
     def __init__(self, args: Args) -> None:
@@ -204,7 +204,7 @@ class SimExecutor:
     records the true success probability of every history it creates (`truth`), for the oracle.
     """
 
-    def __init__(self, world: World, step: int, rng: np.random.Generator, kappa: float) -> None:
+    def __init__(self, world: SimWorld, step: int, rng: np.random.Generator, kappa: float) -> None:
         self.world = world
         self.theta = world.ability(step)
         self.rng = rng
@@ -278,7 +278,7 @@ class SimExecutor:
 class OraclePredictor:
     """Knows the true success probability of every history the simulator made (upper bound)."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: SimWorld) -> None:
         self.world = world
         self.executor: SimExecutor | None = None
 
@@ -389,7 +389,7 @@ def make_predictor(args: Args, *, memory: bool) -> Predictor:
 
 def run_variant(
     variant: str,
-    world: World,
+    world: SimWorld,
     args: Args,
     budget: BudgetLimit,
     tokens_per_leaf: float,
@@ -446,7 +446,7 @@ def run_variant(
     return series
 
 
-def pilot_tokens_per_leaf(world: World, args: Args) -> float:
+def pilot_tokens_per_leaf(world: SimWorld, args: Args) -> float:
     """Mean generated tokens of one uniform rollout over the first steps' pools."""
     budget = BudgetLimit(per_step=args.leaves_per_step)
     spent = []
@@ -507,7 +507,7 @@ def run_world(
         `(table, runs, budget)`: per currency and variant the summary and the series, and the
         per-step budgets.
     """
-    world = World(args)
+    world = SimWorld(args)
     tokens_per_leaf = pilot_tokens_per_leaf(world, args)
     budgets = {
         "leaves": BudgetLimit(currency="leaves", per_step=args.leaves_per_step),

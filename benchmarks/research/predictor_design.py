@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from benchmarks.meta import run_meta
 from benchmarks.research.alloc_sim import Args as SimArgs
-from benchmarks.research.alloc_sim import SimExecutor, World
+from benchmarks.research.alloc_sim import SimExecutor, SimWorld
 from trace_alloc import (
     BudgetLimit,
     Featurizer,
@@ -111,7 +111,7 @@ def simulate(args: Args) -> list[StepData]:
     """random_tree steps on the simulated agent, with the true V of every node."""
     # the single-pass world its recorded figures were measured on (no question recurs)
     sim = SimArgs(steps=args.steps, seed=args.seed, pool_size=128, n_questions=4000)
-    world = World(sim)
+    world = SimWorld(sim)
     allocator = make_allocator("random_tree")
     data = []
     for step in range(args.steps):
