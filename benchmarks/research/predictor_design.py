@@ -136,7 +136,7 @@ def simulate(args: Args) -> list[StepData]:
     return data
 
 
-def evaluate(make: Callable[[], MLPPredictor], data: list[StepData]) -> dict[str, float]:
+def evaluate_predictor(make: Callable[[], MLPPredictor], data: list[StepData]) -> dict[str, float]:
     """Prequential scores of one design, averaged over the second half of the steps."""
     predictor = make()
     rows: list[dict[str, float]] = []
@@ -185,7 +185,7 @@ def main(args: Args) -> dict[str, Any]:
     for name, make in tqdm(
         designs.items(), desc="designs", disable=not args.progress, file=sys.stderr
     ):
-        results[name] = evaluate(make, data)
+        results[name] = evaluate_predictor(make, data)
     featurize_s = {"hashed": hashed.seconds, "hashed head only": head_only.seconds}
     if args.minilm:
         featurize_s["MiniLM"] = minilm.seconds
