@@ -34,7 +34,7 @@ from benchmarks.qa.agents import (
     oracle_plans,
 )
 from benchmarks.qa.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
-from benchmarks.qa.errors import BenchmarkError, UnknownNameError
+from benchmarks.qa.errors import BenchmarkError, UnknownBenchmarkNameError
 from benchmarks.qa.evaluation import EpisodeRecord, Report, evaluate
 from benchmarks.qa.qa_datasets import (
     DatasetSource,
@@ -134,7 +134,9 @@ class LoadedData:
 def _load_synthetic(args: DataArgs) -> LoadedData:
     split = args.split or "all"
     if split not in SYNTHETIC_SPLITS:
-        raise UnknownNameError(f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}")
+        raise UnknownBenchmarkNameError(
+            f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}"
+        )
     world = World.generate(args.world_seed)
     tasks = world.tasks if split == "all" else getattr(world.split(), split)
     if args.limit is not None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
+from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownBenchmarkNameError
 from envs.tasks import Paragraph, QATask, TaskSet
 
 __all__ = [
@@ -424,7 +424,7 @@ def _format_of_record(record: Mapping[str, Any]) -> str | None:
 
 def _check_format(fmt: str) -> _Format:
     if fmt not in FORMATS:
-        raise UnknownNameError(_unknown(fmt, FORMATS, "format"))
+        raise UnknownBenchmarkNameError(_unknown(fmt, FORMATS, "format"))
     return FORMATS[fmt]
 
 
@@ -620,7 +620,7 @@ def load_file(
 
     Raises:
         DatasetFormatError: the file is missing, unreadable, or not in the format.
-        UnknownNameError: `format` is not a known format.
+        UnknownBenchmarkNameError: `format` is not a known format.
     """
     path = Path(path)
     if path.is_dir():
@@ -755,7 +755,7 @@ def load_hub(
     Raises:
         DatasetUnavailable: the hub cannot be reached (offline) or has no such repo; the
             message says how to use local files instead.
-        UnknownNameError: the repo has no such config or split.
+        UnknownBenchmarkNameError: the repo has no such config or split.
         DatasetFormatError: the records are not in the format.
     """
     if not Path(repo).is_dir():
@@ -769,7 +769,7 @@ def load_hub(
     except (ConnectionError, FileNotFoundError) as err:
         raise DatasetUnavailable(f"{_hub_error_hint(repo, config, split)} Cause: {err}") from err
     except ValueError as err:  # unknown config or split; `datasets` lists the valid ones
-        raise UnknownNameError(f"{repo}: {err}") from err
+        raise UnknownBenchmarkNameError(f"{repo}: {err}") from err
     location = f"{repo}" + (f":{config}" if config else "") + f"@{split}"
     if limit is not None:
         data = data.select(range(min(limit, len(data))))
@@ -805,12 +805,12 @@ def load_named(
         cache_dir: the `datasets` cache folder.
 
     Raises:
-        UnknownNameError: the name is not registered (with the closest names).
+        UnknownBenchmarkNameError: the name is not registered (with the closest names).
         DatasetUnavailable: offline and no `hub_path`.
     """
     key = ALIASES.get(name, name)
     if key not in DATASETS:
-        raise UnknownNameError(_unknown(name, [*DATASETS, "synthetic"], "dataset"))
+        raise UnknownBenchmarkNameError(_unknown(name, [*DATASETS, "synthetic"], "dataset"))
     spec = DATASETS[key]
     return load_hub(
         str(hub_path) if hub_path is not None else spec.repo,
