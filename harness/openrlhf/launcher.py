@@ -320,7 +320,7 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
     from ray.util.placement_group import placement_group
 
     from harness.openrlhf.actor import TreePolicyModelActor
-    from harness.openrlhf.trainer import TreePPOTrainer
+    from harness.openrlhf.tree_trainer import TreePPOTrainer
 
     if not ray.is_initialized():
         ray.init(runtime_env=ray_runtime_env(os.environ))

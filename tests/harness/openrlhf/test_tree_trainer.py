@@ -23,7 +23,7 @@ from harness.metrics_log import rollout_metrics
 from harness.openrlhf.config import TreeTrainConfig
 from harness.openrlhf.experience import experiences_from_leaves, pad_to_multiple
 from harness.openrlhf.launcher import parse_openrlhf_args
-from harness.openrlhf.trainer import TreePPOTrainer, TreePPOTrainerBase
+from harness.openrlhf.tree_trainer import TreePPOTrainer, TreePPOTrainerBase
 from harness.tiny_policy.model import ModelConfig, build_model, save_policy
 from harness.tiny_policy.tokenizer import train_tokenizer
 from retrieval.base import Document
