@@ -335,7 +335,7 @@ class BenchConfig(AgentArgs, DataArgs):
     max_turns: int | None = None
     """Actions per episode. Unset: 4, or 5 with `--protocol search-r1` (its `max_turns=4` is
     four search rounds plus a final answer-only round)."""
-    topk: int = 3
+    top_k: int = 3
     """Documents per search."""
     reward: RewardKind = "em"
     """The env's reward (EM / sub-EM / F1 are reported whatever it is)."""
@@ -395,7 +395,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         "index_id": retriever.index_id,
         "manifest": _manifest_json(manifest, built_now=config.index is None and not url),
         "n_documents": len(documents) if documents is not None else _n_documents(manifest),
-        "top_k": config.topk,
+        "top_k": config.top_k,
         # `tracerl corpus` ids: the pooled paragraphs shipped with the questions themselves
         "distractor_pool": documents is not None
         and all(_PARAGRAPH_ID.fullmatch(d.doc_id) for d in documents),
@@ -805,7 +805,7 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
     tasks = _recall_tasks(data.dataset.tasks, retriever)
     env_kwargs: dict[str, Any] = {
         "max_turns": config.env_max_turns,
-        "top_k": config.topk,
+        "top_k": config.top_k,
         "reward": config.reward,
         "protocol": config.protocol,
     }
