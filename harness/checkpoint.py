@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.errors import HarnessError
+from harness.errors import CheckpointError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -46,10 +46,6 @@ SCHEMA_VERSION = 1
 """Version of `state.json`; bumped on any change to its fields."""
 
 _LATEST = "latest.json"
-
-
-class CheckpointError(HarnessError, ValueError):
-    """A checkpoint is missing, incomplete, or from an incompatible version."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

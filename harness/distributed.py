@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness.errors import HarnessError
+from harness.errors import RankMismatchError
 from trace_alloc import Rollout, RolloutRequest, RolloutTree
 
 if TYPE_CHECKING:
@@ -56,10 +56,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class RankMismatchError(HarnessError, RuntimeError):
-    """State that must be the same on every rank is not (a bug, or a nondeterministic input)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ from harness.episodes import (
     ready_for_turn,
     start_episodes,
 )
-from harness.errors import HarnessError
+from harness.errors import RolloutError
 from trace_alloc import (
     Allocator,
     BudgetLimit,
@@ -70,10 +70,6 @@ from trace_alloc import (
 __all__ = ["EngineStats", "RolloutError", "TreeRolloutEngine", "failed_leaves", "leaves_to_train"]
 
 log = logging.getLogger(__name__)
-
-
-class RolloutError(HarnessError, RuntimeError):
-    """The engine cannot run a request (unknown snapshot, no room in the context, bad reward)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

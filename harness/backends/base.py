@@ -11,7 +11,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from harness.errors import HarnessError
+from harness.errors import BackendUnavailable
 
 __all__ = [
     "BackendUnavailable",
@@ -23,10 +23,6 @@ __all__ = [
 
 STOP_STRINGS: tuple[str, ...] = ("</search>", "</answer>")
 """An action ends at the first of these (docs/design.md §2)."""
-
-
-class BackendUnavailable(HarnessError, ImportError):
-    """A backend's optional dependency is missing; the message names the extra to install."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
