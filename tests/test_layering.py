@@ -201,3 +201,25 @@ def test_the_side_effect_check_sees_module_level_work() -> None:
         'if __name__ == "__main__":\n    print(2)\n'
     )
     assert _top_level_work(source) == ["4: os.environ['A'] = '1'", "5: print(X)"]
+
+
+def _public_definitions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    kinds = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+    return {n.name for n in tree.body if isinstance(n, kinds) and not n.name.startswith("_")}
+
+
+def test_no_public_name_is_defined_in_two_packages() -> None:
+    """One name per concept (docs/style.md §2.2): `EvalConfig` means one thing everywhere.
+
+    Inside one package a command function may share its implementation's name, and every
+    benchmark script has its `Args`, `main` and `print_table`; `main` is every entry point's.
+    """
+    where: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in _modules(package):
+            for name in _public_definitions(path):
+                where.setdefault(name, set()).add(package)
+    where.pop("main", None)  # a module's entry point (`tracerl`'s, each script's)
+    reused = {name: sorted(p) for name, p in where.items() if len(p) > 1}
+    assert not reused, f"names defined in more than one package: {reused}"
