@@ -65,7 +65,8 @@ def v_prefix(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
     >>> float(v_prefix(0.75, 2))
     0.4375
     """
-    return np.asarray(1.0 - np.asarray(q, dtype=np.float64) ** np.asarray(k))
+    flips: np.ndarray = 1.0 - np.asarray(q, dtype=np.float64) ** np.asarray(k)
+    return flips
 
 
 def prefix_gain(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
@@ -75,7 +76,8 @@ def prefix_gain(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
     (0.25, 0.1875)
     """
     q = np.asarray(q, dtype=np.float64)
-    return np.asarray(q ** np.asarray(k) * (1.0 - q))
+    gain: np.ndarray = q ** np.asarray(k) * (1.0 - q)
+    return gain
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
