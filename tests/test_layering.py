@@ -73,6 +73,19 @@ def test_package_imports_only_what_its_row_allows(package: str) -> None:
     assert not violations, "layering violations:\n" + "\n".join(violations)
 
 
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_imports_the_scripts_the_tests_or_the_examples(package: str) -> None:
+    """They sit beside the packages, outside the install: an import of them works only in a
+    checkout (and a test helper belongs in a fixture, not in the library)."""
+    outside = {"scripts", "tests", "examples", "conftest"}
+    violations = [
+        f"{path.relative_to(ROOT)} imports {root}"
+        for path in _modules(package)
+        for root in _imported_roots(path) & outside
+    ]
+    assert not violations, "imports from outside the packages:\n" + "\n".join(violations)
+
+
 @pytest.mark.parametrize("room", sorted(ROOMS))
 def test_each_benchmarks_room_imports_only_what_its_row_allows(room: str) -> None:
     folder = ROOT / room.replace(".", "/")
