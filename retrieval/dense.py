@@ -309,4 +309,4 @@ def _make_index(params: DenseParams, vectors: np.ndarray) -> Any:
     ivf = faiss.IndexIVFFlat(quantizer, dim, params.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
     ivf.train(vectors)
     ivf.add(vectors)
-    return index
+    return ivf

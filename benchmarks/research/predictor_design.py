@@ -188,7 +188,7 @@ def main(args: Args) -> dict[str, Any]:
         results[name] = evaluate_predictor(make, data)
     featurize_s = {"hashed": hashed.seconds, "hashed head only": head_only.seconds}
     if args.minilm:
-        featurize_s["MiniLM"] = minilm.seconds
+        featurize_s["MiniLM"] = minilm.seconds  # type: ignore[possibly-undefined]  # same test
     n_histories = len({h for s in data for h in s.histories})
     return {
         "designs": results,
