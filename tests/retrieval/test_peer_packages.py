@@ -2,9 +2,8 @@
 
 skyrl-gym 0.4.0's `SearchEnv` and gem-llm 0.1.0's `SearchTool` (in GEM's `ToolEnvWrapper`) run
 one episode each. They are not trace-rl dependencies (heavy requirements), so each test skips,
-naming the missing module, where its package is not installed; install them with
-`pip install --no-deps skyrl-gym==0.4.0 gem-llm==0.1.0` plus the modules their imports ask for
-(docs/retrieval.md).
+naming the missing module, where its package is not installed; `make install` installs them
+without their requirements (the Makefile's PEER_CLIENTS), so `make test` runs both.
 """
 
 from __future__ import annotations
