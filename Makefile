@@ -1,6 +1,6 @@
 # Two commands do all the set-up on a fresh machine:
 #   make run    builds .venv if needed and runs the main job on the embedded default
-#   make test   builds .venv if needed and runs the test suite
+#   make test   builds .venv if needed, then runs lint, types, the tests and the doctests
 # No network is needed beyond the package registries; no GPU; no hub downloads.
 
 VENV ?= .venv
@@ -19,7 +19,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-gpu run test lint format clean
+.PHONY: install install-gpu run test lint types format clean
 
 install: $(CPU_STAMP)
 
@@ -74,16 +74,22 @@ endif
 run: $(STAMP)
 	$(VENV)/bin/tracerl demo --run-dir $(RUN_DIR)
 
-test: $(STAMP)
+# What CI runs (.ci/run): lint and format, types, then the tests and every package's doctests
+# (docs/style.md §4). The first failure stops it.
+test: lint types
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy, configured in pyproject.toml: strict on envs, retrieval and trace_alloc
+types: $(STAMP)
+	$(PY) -m mypy
+
 format: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache

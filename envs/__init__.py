@@ -21,7 +21,7 @@ from envs.agents import (
     run_agent,
     run_episode,
 )
-from envs.base import Agent, ForkableEnv
+from envs.base import ForkableEnv, ScriptedPolicy
 from envs.errors import (
     ActionTypeError,
     EnvConfigError,
@@ -64,7 +64,6 @@ __all__ = [
     "DEFAULT_PROMPT_TEMPLATE",
     "MAX_TEXT_CHARS",
     "ActionTypeError",
-    "Agent",
     "AnswerScores",
     "BudgetMeter",
     "EnvConfigError",
@@ -81,6 +80,7 @@ __all__ = [
     "QATask",
     "RetrievalFailedError",
     "RewardKind",
+    "ScriptedPolicy",
     "SearchQAConfig",
     "SearchQAEnv",
     "SnapshotError",

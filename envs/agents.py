@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 from tqdm.auto import tqdm
 
-from envs.base import Agent
+from envs.base import ScriptedPolicy
 from envs.errors import EnvConfigError
 from envs.synthetic.dice import Dice
 from envs.synthetic.questions import Decomposition, SubQuestion
@@ -74,7 +74,7 @@ class OracleAgent:
         self._pending: str | None = None  # what the last action was: "hop", "noise" or None
         self._n_seen = 0
 
-    def reset(self, prompt: str, info: dict[str, Any]) -> None:
+    def reset(self, prompt: str, info: Mapping[str, Any]) -> None:
         """Start an episode on `info["task_id"]`.
 
         Raises:
@@ -88,7 +88,7 @@ class OracleAgent:
         self._pending = None
         self._n_seen = len(info.get("retrieved_doc_ids", ()))
 
-    def act(self, observation: str, info: dict[str, Any]) -> str:
+    def act(self, observation: str, info: Mapping[str, Any]) -> str:
         """The next action: a hop's query, a noisy query, a re-query, or the answer."""
         plan = self._plan
         if plan is None:
@@ -166,12 +166,12 @@ class NaiveAgent:
         self._question = ""
         self._searched = False
 
-    def reset(self, prompt: str, info: dict[str, Any]) -> None:
+    def reset(self, prompt: str, info: Mapping[str, Any]) -> None:
         """Start an episode; the question comes from `info["question"]`."""
         self._question = str(info.get("question", ""))
         self._searched = False
 
-    def act(self, observation: str, info: dict[str, Any]) -> str:
+    def act(self, observation: str, info: Mapping[str, Any]) -> str:
         """Search the question first; then answer."""
         if not self._searched:
             self._searched = True
@@ -197,7 +197,7 @@ class EpisodeResult:
     actions: tuple[str, ...]
 
 
-def run_episode(env: gym.Env[str, str], agent: Agent, task_id: str) -> EpisodeResult:
+def run_episode(env: gym.Env[str, str], agent: ScriptedPolicy, task_id: str) -> EpisodeResult:
     """Play one episode of `agent` on task `task_id` through the env API."""
     observation, info = env.reset(options={"task_id": task_id})
     agent.reset(observation, info)
@@ -228,7 +228,7 @@ def run_episode(env: gym.Env[str, str], agent: Agent, task_id: str) -> EpisodeRe
 
 def run_agent(
     env: gym.Env[str, str],
-    agent: Agent,
+    agent: ScriptedPolicy,
     task_ids: Sequence[str],
     *,
     progress: bool = False,

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from envs.agents import EpisodeResult, NaiveAgent, OracleAgent, run_agent
+from envs.base import ScriptedPolicy
 from envs.errors import EnvConfigError
 from envs.search_qa import SearchQAEnv
 from envs.synthetic.config import WorldConfig
@@ -87,7 +88,7 @@ def demo_env(argv: list[str]) -> int:
     )
     env = SearchQAEnv(world_.tasks, retriever, max_turns=args.max_turns, top_k=args.top_k)
     task_ids: Sequence[str] = world_.tasks.ids[: args.max_questions]
-    agents = {
+    agents: dict[str, ScriptedPolicy] = {
         "oracle": OracleAgent(world_),
         f"oracle ε={args.epsilon:g}": OracleAgent(world_, epsilon=args.epsilon, seed=args.seed),
         "naive": NaiveAgent(),

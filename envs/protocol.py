@@ -1,7 +1,7 @@
 """The Search-R1 text protocol: the prompt, action parsing, and observation formatting.
 
 A policy reasons in `<think>…</think>`, searches with `<search>query</search>` and answers with
-`<answer>…</answer>` (DESIGN §2). An action is the policy's text up to and including the first
+`<answer>…</answer>` (docs/design.md §2). An action is the text up to and including the first
 `</search>` or `</answer>`, whichever comes first; everything after it is ignored, as a harness
 stops generation there anyway. The environment answers a search with
 

@@ -3,7 +3,7 @@
 Only the generated answer is scored: `extract_answer` reads the first action of the policy's
 own text, so the example `<answer> Beijing </answer>` in the prompt can never be scored (Search-R1's
 `extract_solution` scores the prompt and response together and needs two answer tags for that
-reason; see research/peers.md §1).
+reason; see docs/design.md §2).
 """
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def score_answer(prediction: str, golden_answers: Golds) -> AnswerScores:
 
 
 def format_reward(*, answered: bool, correct: bool, valid_format: bool) -> float:
-    """Tree-GRPO's format-shaped reward (`qa_em_format`, research/peers.md §1).
+    """Tree-GRPO's format-shaped reward (`qa_em_format`, docs/design.md §2).
 
     Correct: 1.0 (0.8 with a format error). Wrong or no answer: 0.2 (0.1 for a wrong answer with
     a format error, 0.0 for no answer with one). Here "format error" means the episode held at

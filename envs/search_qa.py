@@ -6,8 +6,8 @@ O(1) in the history length: a fork shares the episode value, the task set, the r
 the space template, and owns nothing that another env can change. `snapshot` turns the same
 state into a JSON-serialisable `EnvSnapshot`.
 
-Fork law (DESIGN §3): for any reachable state and any action sequence, stepping a fork, or an
-env restored from a snapshot (even one that went through JSON), gives the same observations,
+Fork law (docs/design.md §3): for any reachable state and any action sequence, stepping a fork, or
+an env restored from a snapshot (even one that went through JSON), gives the same observations,
 rewards, flags and infos as stepping the original.
 
 Retrieval inside an episode is deterministic: results are kept per normalised query in the
@@ -20,6 +20,7 @@ import copy
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Self, SupportsFloat
 
@@ -245,7 +246,7 @@ class SearchQAEnv(gym.Env[str, str]):
 
     def __init__(
         self,
-        tasks: TaskSet,
+        tasks: TaskSet | Sequence[QATask],
         retriever: Retriever,
         *,
         max_turns: int = 4,
@@ -333,8 +334,8 @@ class SearchQAEnv(gym.Env[str, str]):
             self._space = copy.copy(self._shared.space_template)
         return self._space
 
-    @property
-    def action_space(self) -> Text:  # type: ignore[override]
+    @property  # type: ignore[override]
+    def action_space(self) -> Text:
         """`Text(MAX_TEXT_CHARS, charset=CHARSET)`; `step` accepts any string anyway."""
         return self._text_space()
 
@@ -342,8 +343,8 @@ class SearchQAEnv(gym.Env[str, str]):
     def action_space(self, space: Text) -> None:
         self._space = space
 
-    @property
-    def observation_space(self) -> Text:  # type: ignore[override]
+    @property  # type: ignore[override]
+    def observation_space(self) -> Text:
         """`Text(MAX_TEXT_CHARS, charset=CHARSET)`: every prompt and observation is in it."""
         return self._text_space()
 
@@ -360,7 +361,8 @@ class SearchQAEnv(gym.Env[str, str]):
             bit_generator.state = state
             self._np_random = np.random.Generator(bit_generator)
             self._rng_pending = None
-        return gym.Env.np_random.fget(self)  # type: ignore[attr-defined]
+        rng: np.random.Generator = gym.Env.np_random.fget(self)  # type: ignore[attr-defined]
+        return rng
 
     @np_random.setter
     def np_random(self, value: np.random.Generator) -> None:
@@ -371,7 +373,7 @@ class SearchQAEnv(gym.Env[str, str]):
         """The generator's state; an unseeded env draws its seed now, so copies agree."""
         if self._rng_pending is not None:
             return self._rng_pending
-        return self.np_random.bit_generator.state
+        return dict(self.np_random.bit_generator.state)
 
     # -- the Gymnasium API -----------------------------------------------------------------
 
@@ -397,7 +399,8 @@ class SearchQAEnv(gym.Env[str, str]):
             )
         tasks = self._shared.tasks
         task_id = options.get("task_id")
-        if "task_id" in options and (not isinstance(task_id, str) or task_id not in tasks):
+        # (TaskSet looks tasks up by id too: `__contains__` takes a str)
+        if "task_id" in options and (not isinstance(task_id, str) or task_id not in tasks):  # type: ignore[comparison-overlap]
             raise UnknownTaskError(
                 f"task_id {task_id!r} is not in this env's task set of {len(tasks)} tasks "
                 f"(first ids: {list(tasks.ids[:3])})"
@@ -687,7 +690,8 @@ class SearchQAEnv(gym.Env[str, str]):
     def _episode_from(self, snap: EnvSnapshot) -> _Episode:
         assert snap.task_id is not None
         config = self._shared.config
-        if snap.task_id not in self._shared.tasks:
+        # TaskSet looks tasks up by id too: `__contains__` takes a str
+        if snap.task_id not in self._shared.tasks:  # type: ignore[comparison-overlap]
             raise SnapshotMismatchError(
                 f"snapshot field 'task_id' is {snap.task_id!r}, which is not in this env's task "
                 "set; restore into an env built on the same tasks",

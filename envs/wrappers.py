@@ -47,7 +47,8 @@ def snapshot(env: gym.Env[Any, Any]) -> AnySnapshot:
         return env.snapshot()
     if isinstance(env, gym.Wrapper) or not hasattr(env, "snapshot"):
         raise _unforkable(env)
-    return env.snapshot()
+    snap: AnySnapshot = env.snapshot()
+    return snap
 
 
 def restore(env: gym.Env[Any, Any], snap: AnySnapshot) -> None:
@@ -75,7 +76,8 @@ def fork(env: gym.Env[Any, Any], n: int = 1) -> list[Any]:
         return env.fork(n)
     if isinstance(env, gym.Wrapper) or not hasattr(env, "fork"):
         raise _unforkable(env)
-    return env.fork(n)
+    forks: list[Any] = env.fork(n)
+    return forks
 
 
 class ForkableWrapper(gym.Wrapper[str, str, str, str]):
@@ -142,7 +144,7 @@ class ForkableWrapper(gym.Wrapper[str, str, str, str]):
 class BudgetMeter(ForkableWrapper):
     """Meters tool calls, retrieved documents, steps and episodes over the wrapper's lifetime.
 
-    Budgets are what equal-cost comparisons count (DESIGN §1); `info["budget"]` carries the
+    Budgets are what equal-cost comparisons count (docs/design.md §1); `info["budget"]` carries the
     running totals after every reset and step. With `max_tool_calls`, the episode in which the
     budget runs out is truncated after that step.
 

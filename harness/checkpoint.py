@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from harness.errors import HarnessError
+from harness.errors import CheckpointError
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -59,10 +59,6 @@ _READ_ERRORS = (
     zipfile.BadZipFile,
 )
 """What torch, numpy and json raise on a truncated or foreign file."""
-
-
-class CheckpointError(HarnessError, ValueError):
-    """A checkpoint is missing, incomplete, or from an incompatible version."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,7 +108,8 @@ def save_checkpoint(
         torch.save(dict(model), tmp / "model.pt")
         torch.save(dict(optimizer), tmp / "optimizer.pt")
         torch.save(torch.get_rng_state(), tmp / "rng.pt")
-        np.savez(tmp / "predictor.npz", **{k: np.asarray(v) for k, v in predictor.items()})
+        arrays: dict[str, Any] = {k: np.asarray(v) for k, v in predictor.items()}
+        np.savez(tmp / "predictor.npz", **arrays)
         record = {"schema_version": SCHEMA_VERSION, "step": step, **dict(state)}
         (tmp / "state.json").write_text(json.dumps(record), encoding="utf-8")
 

@@ -7,9 +7,9 @@ parts (`TaskConfig`, `AllocConfig`, `BudgetConfig`, `RolloutConfig`, `PredictorC
 
 The allocator is configured with trace_alloc's own dataclasses, one field per allocator
 (`--alloc.name trace --alloc.trace.min-per-prompt 2`), so every field an allocator has is a
-flag and no list of knobs is kept here (docs/decisions.md, D19). A run's config is saved as
-`run_dir/config.json` and read back by `load_config`, which also reads the files written before
-this layout (a flat `alloc` of optional knobs).
+flag and no list of knobs is kept here (docs/decisions.md, "One config for both trainers"). A
+run's config is saved as `run_dir/config.json` and read back by `load_config`, which also
+reads the files written before this layout (a flat `alloc` of optional knobs).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Data-parallel CPU training (`torchrun --nproc_per_node N tracerl ... train`): the ranks' share.
 
-Every rank runs the same trainer loop. What is split, and how (docs/decisions.md, D14):
+Every rank runs the same trainer loop. What is split, and how
+(docs/decisions.md, "Data-parallel CPU training"):
 
 - **Rollouts, wave by wave.** Every rank runs the allocator on the same trees with the same
   generator and predictor, so every rank computes the same wave of requests. `ShardedExecutor`
@@ -36,7 +37,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from harness.errors import HarnessError
+from harness.errors import RankMismatchError
 from trace_alloc import Rollout, RolloutRequest, RolloutTree
 
 if TYPE_CHECKING:
@@ -55,10 +56,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class RankMismatchError(HarnessError, RuntimeError):
-    """State that must be the same on every rank is not (a bug, or a nondeterministic input)."""
 
 
 @dataclass(frozen=True, slots=True)

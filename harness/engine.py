@@ -50,7 +50,7 @@ from harness.episodes import (
     ready_for_turn,
     start_episodes,
 )
-from harness.errors import HarnessError
+from harness.errors import RolloutError
 from trace_alloc import (
     Allocator,
     BudgetLimit,
@@ -70,10 +70,6 @@ from trace_alloc import (
 __all__ = ["EngineStats", "RolloutError", "TreeRolloutEngine", "failed_leaves", "leaves_to_train"]
 
 log = logging.getLogger(__name__)
-
-
-class RolloutError(HarnessError, RuntimeError):
-    """The engine cannot run a request (unknown snapshot, no room in the context, bad reward)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -499,7 +495,9 @@ def failed_leaves(tree: RolloutTree) -> frozenset[int]:
     (`harness.episodes.apply_turn`); its reward 0 says nothing about the policy.
     """
     return frozenset(
-        leaf for leaf in tree.leaves() if tree.nodes[leaf].turn.info.get("end") == "failed"
+        leaf
+        for leaf in tree.leaves()
+        if (turn := tree.nodes[leaf].turn) is not None and turn.info.get("end") == "failed"
     )
 
 

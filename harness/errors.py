@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 __all__ = [
+    "BackendUnavailable",
+    "CheckpointError",
     "ContextLengthExceeded",
     "EndpointError",
     "EndpointRejected",
     "EngineTimeoutError",
     "HarnessError",
+    "RankMismatchError",
     "ResumeError",
+    "RolloutError",
 ]
 
 
@@ -34,3 +38,19 @@ class EngineTimeoutError(HarnessError, TimeoutError):
 
 class ResumeError(HarnessError, ValueError):
     """`resume=True` on a run with no checkpoint, or a fresh run over an existing one."""
+
+
+class RolloutError(HarnessError, RuntimeError):
+    """The engine cannot run a request (unknown snapshot, no room in the context, bad reward)."""
+
+
+class CheckpointError(HarnessError, ValueError):
+    """A checkpoint is missing, incomplete, or from an incompatible version."""
+
+
+class BackendUnavailable(HarnessError, ImportError):
+    """A backend's optional dependency is missing; the message names the extra to install."""
+
+
+class RankMismatchError(HarnessError, RuntimeError):
+    """State that must be the same on every rank is not (a bug, or a nondeterministic input)."""

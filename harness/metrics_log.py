@@ -24,12 +24,19 @@ import numpy as np
 
 if TYPE_CHECKING:
     from trace_alloc import StepResult
+    from trace_alloc.tree import Node, Turn
 
 __all__ = ["PANELS", "MetricsLog", "plot_run", "read_metrics", "rollout_metrics"]
 
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def _turn(node: Node) -> Turn:
+    """The turn of a node below the root (only the root has none)."""
+    assert node.turn is not None, f"node {node.node_id} is a root"
+    return node.turn
 
 
 def rollout_metrics(result: StepResult) -> dict[str, float]:
@@ -49,9 +56,9 @@ def rollout_metrics(result: StepResult) -> dict[str, float]:
     for tree in result.trees:
         for node in tree.nodes[1:]:  # every generated turn once
             n_actions += 1
-            n_valid += bool(node.turn.info.get("valid_action", False))
+            n_valid += bool(_turn(node).info.get("valid_action", False))
         for leaf in tree.leaves():
-            path = [tree.nodes[n].turn for n in tree.path(leaf)[1:]]
+            path = [_turn(tree.nodes[n]) for n in tree.path(leaf)[1:]]
             rewards.append(tree.nodes[leaf].reward)
             ems.append(float(path[-1].info.get("em", 0.0)))
             lengths.append(sum(t.n_tokens for t in path))

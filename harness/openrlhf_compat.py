@@ -6,7 +6,7 @@ OpenRLHF 0.11.2's `openrlhf/models/ring_attn_utils.py` imports `flash_attn.bert_
 cannot be installed. Upstream PR https://github.com/OpenRLHF/OpenRLHF/pull/1302 makes that import
 optional; until a release carries it, `ensure_flash_attn` installs pure-torch stand-ins for the
 four helpers OpenRLHF takes from there. It is the project's one documented monkeypatch
-(STYLE.md §3).
+(docs/style.md §3).
 
 What the stand-in is not: a flash-attention kernel. transformers decides whether flash-attn is
 usable from the installed *distributions*, not from `sys.modules`, so

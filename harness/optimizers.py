@@ -12,7 +12,7 @@ micro-batches with `backward`, and apply one update with `step`:
   and, at stage 3, the weights across the ranks). A client torch optimizer avoids the
   multi-minute JIT build of DeepSpeed's fused CPU Adam; DeepSpeed's CPU accelerator still
   JIT-builds its shared-memory comm op on first use (about a minute on 2 cores, cached in
-  `~/.cache/torch_extensions`; research/install.md, step 4).
+  `~/.cache/torch_extensions`; docs/design.md §5).
 
 Gradients are *averaged* over ranks, as in DDP and DeepSpeed; the trainer multiplies its loss by
 the world size (OpenRLHF's `dp_size`) so that the averaged gradient is the global token mean's.
@@ -76,7 +76,8 @@ class OptimizerStep(Protocol):
 def _adamw(
     model: nn.Module, lr: float, betas: tuple[float, float], weight_decay: float
 ) -> torch.optim.AdamW:
-    decay, no_decay = [], []
+    decay: list[Any] = []
+    no_decay: list[Any] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)

@@ -292,10 +292,10 @@ def set_up(config: TrainConfig) -> Run:
         tokenizer = AutoTokenizer.from_pretrained(config.policy)
         model = AutoModelForCausalLM.from_pretrained(config.policy, dtype=torch.float32)
     except (OSError, ValueError) as err:  # a missing folder, or a hub name that is no model
-        first = next((line for line in str(err).splitlines() if line.strip()), repr(err))
+        reason = next((line for line in str(err).splitlines() if line.strip()), repr(err))
         raise HarnessError(
             f"--policy {config.policy}: not a transformers model directory, nor a model the "
-            f"Hugging Face hub or its cache holds ({first.strip()}); build one with "
+            f"Hugging Face hub or its cache holds ({reason.strip()}); build one with "
             "`tracerl init-model`"
         ) from err
     model.config.use_cache = False  # training passes need no KV cache
@@ -816,7 +816,7 @@ def _check_policy_task(config: TrainConfig) -> None:
         return  # any other transformers model: the task flags are the user's call
     recorded = json.loads(path.read_text(encoding="utf-8"))["config"]
     ours = config.task
-    expected = {"env": dataclasses.asdict(ours.env)}
+    expected: dict[str, Any] = {"env": dataclasses.asdict(ours.env)}
     if ours.source != "file":  # a file's questions are the user's call; the env must match
         expected |= {
             "world_seed": ours.world_seed,

@@ -68,7 +68,7 @@ def top_k_indices(scores: np.ndarray, k: int, *, min_score: float | None = None)
         kth = np.partition(cand_scores, len(cand_scores) - k)[len(cand_scores) - k]
         candidates = candidates[cand_scores >= kth]  # keeps every tie at the k-th place
     order = np.lexsort((candidates, -scores[candidates]))  # score desc, then index asc
-    return candidates[order[:k]]
+    return np.asarray(candidates[order[:k]])
 
 
 class BM25Retriever:
@@ -186,7 +186,7 @@ class BM25Retriever:
             return_ids=False,
             show_progress=False,
         )
-        results = []
+        results: list[list[Hit]] = []
         for tokens in query_tokens:
             token_ids = self._model.get_tokens_ids(tokens)
             if not token_ids:

@@ -107,7 +107,8 @@ class CompressCommand:
     out: Path
     """the directory to write (index.faiss, compressed.json)"""
     preset: Preset = "rabitqfs"
-    """the index family (docs/decisions.md D31 says why rabitqfs)"""
+    """the index family (docs/decisions.md, "Wiki-18 search speed and cold start", says why
+    rabitqfs)"""
     nlist: int = 0
     """IVF cells; 0 picks rows / 320"""
     train_per_list: int = 30
@@ -118,7 +119,8 @@ class CompressCommand:
     """seeds the sample and k-means"""
     nprobe: int = 0
     """the served default of cells scanned per query; 0 picks the preset's fitted value for the
-    row count (`retrieval.compressed.SEARCH_LAWS`, docs/decisions.md D31)"""
+    row count (`retrieval.compressed.SEARCH_LAWS`; docs/decisions.md, "Wiki-18 search speed and
+    cold start")"""
     k_factor: int | None = None
     """the served default of candidates re-ranked exactly per hit asked for (0: none); unset
     picks the preset's fitted value for the row count"""
@@ -345,7 +347,7 @@ def _serve_retriever(config: ServeConfig) -> Any:
         ValueError: neither or both are given, or prebuilt flags without --faiss-index.
     """
     if config.compressed is not None:
-        return _serve_compressed(config)
+        return _serve_compressed(config, config.compressed)
     if config.nprobe is not None or config.k_factor is not None:
         raise ValueError("--nprobe and --k-factor go with --compressed DIR")
     if (config.index is None) == (config.faiss_index is None):
@@ -361,6 +363,7 @@ def _serve_retriever(config: ServeConfig) -> Any:
         return load_index(config.index, mmap=config.mmap)
     if config.corpus is None:
         raise ValueError("--faiss-index needs --corpus FILE (the JSONL the index was built over)")
+    assert config.faiss_index is not None  # exactly one of --index and --faiss-index, above
     from retrieval.prebuilt import PooledEncoder, PrebuiltRetriever
 
     encoder = PooledEncoder(
@@ -374,7 +377,7 @@ def _serve_retriever(config: ServeConfig) -> Any:
     )
 
 
-def _serve_compressed(config: ServeConfig) -> Any:
+def _serve_compressed(config: ServeConfig, compressed: Path) -> Any:
     """A compressed index with its corpus and encoder, re-ranked from its flat file.
 
     Raises:
@@ -389,13 +392,13 @@ def _serve_compressed(config: ServeConfig) -> Any:
     from retrieval.compressed import CompressedIndex, SearchDefaults, read_compressed_record
     from retrieval.prebuilt import PooledEncoder, PrebuiltRetriever
 
-    defaults = SearchDefaults(**read_compressed_record(config.compressed)["search"])
+    defaults = SearchDefaults(**read_compressed_record(compressed)["search"])
     search = SearchDefaults(
         nprobe=config.nprobe if config.nprobe is not None else defaults.nprobe,
         k_factor=config.k_factor if config.k_factor is not None else defaults.k_factor,
         ef_search=defaults.ef_search,
     )
-    index = CompressedIndex(config.compressed, flat_path=config.faiss_index, search=search)
+    index = CompressedIndex(compressed, flat_path=config.faiss_index, search=search)
     encoder = PooledEncoder(
         config.encoder,
         pooling=config.pooling,

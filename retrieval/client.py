@@ -191,9 +191,10 @@ class HTTPRetriever:
         """
         content = self._with_retries("GET", "/health", None, self._end(), _HEALTH_MAX_BYTES)
         try:
-            return json.loads(content)
+            status: dict[str, Any] = json.loads(content)
         except ValueError as err:
             raise RetrievalError(f"GET {self._url}/health returned non-JSON ({err})") from err
+        return status
 
     # -- sync ------------------------------------------------------------------------------
 
@@ -372,7 +373,7 @@ class HTTPRetriever:
 
     def _sleep_s(self, attempt: int, end: float | None) -> float:
         base = min(self._max_backoff_s, self._backoff_s * 2 ** (attempt - 1))
-        sleep = base * (0.5 + 0.5 * self._jitter.random())
+        sleep = float(base * (0.5 + 0.5 * self._jitter.random()))
         return sleep if end is None else max(0.0, min(sleep, end - time.monotonic()))
 
     def _unavailable(

@@ -126,7 +126,8 @@ class CompressConfig:
     """How `compress_flat_index` builds."""
 
     preset: Preset = "rabitqfs"
-    """the index family (`PRESETS`; docs/decisions.md D31 says why rabitqfs)"""
+    """the index family (`PRESETS`; docs/decisions.md, "Wiki-18 search speed and cold start",
+    says why rabitqfs)"""
     nlist: int = 0
     """IVF cells; 0 picks n / 320 (65,536 for wiki-18), so that lists hold about 320 rows"""
     train_per_list: int = 30
@@ -177,7 +178,7 @@ def _read_rows(fd: int, flat: FlatVectors, rows: np.ndarray, buffer: np.ndarray)
         while j < len(rows) and rows[j] == rows[j - 1] + 1:
             j += 1
         offset = flat.offset + int(rows[i]) * row_bytes
-        got = os.preadv(fd, [memoryview(view[i * row_bytes : j * row_bytes])], offset)
+        got = os.preadv(fd, [view[i * row_bytes : j * row_bytes].data], offset)
         if got != (j - i) * row_bytes:
             raise IndexFormatError(f"{flat.path}: short read at row {rows[i]}")
         i = j
@@ -312,7 +313,7 @@ def read_compressed_record(directory: str | Path) -> dict[str, Any]:
     """
     path = Path(directory) / COMPRESSED_NAME
     try:
-        record = json.loads(path.read_text())
+        record: dict[str, Any] = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise IndexFormatError(
             f"{path}: cannot read it ({err}); build one with `tracerl index compress`"
@@ -388,9 +389,9 @@ class CompressedIndex:
         if settings.k_factor > 0 and self._flat is None:
             raise ValueError("k_factor > 0 needs the flat file; open the index with k_factor > 0")
         self.settings = settings
-        hnsw = faiss.SearchParametersHNSW(efSearch=settings.ef)
+        hnsw = faiss.SearchParametersHNSW(efSearch=settings.ef)  # type: ignore[attr-defined]
         if self._ivf is not None:
-            self._params: Any = faiss.SearchParametersIVF(
+            self._params: Any = faiss.SearchParametersIVF(  # type: ignore[call-arg]
                 nprobe=settings.nprobe, quantizer_params=hnsw
             )
         else:
@@ -400,7 +401,7 @@ class CompressedIndex:
         """The IVF centroids (nlist, d), to reuse in another build over the same rows."""
         if self._ivf is None:
             raise ValueError(f"{self.directory} is not an IVF index")
-        return self._ivf.quantizer.reconstruct_n(0, self._ivf.nlist)
+        return np.asarray(self._ivf.quantizer.reconstruct_n(0, self._ivf.nlist))
 
     def coarse(self, vectors: np.ndarray) -> np.ndarray:
         """The `nprobe` IVF cells each query scans, (Q, nprobe) (the coarse quantizer's step)."""
@@ -408,7 +409,7 @@ class CompressedIndex:
             raise ValueError(f"{self.directory} is not an IVF index")
         hnsw = self._params.quantizer_params
         _, cells = self._ivf.quantizer.search(vectors, self.settings.nprobe, params=hnsw)
-        return cells
+        return np.asarray(cells)
 
     def close(self) -> None:
         """Unmap the flat file."""
@@ -432,7 +433,8 @@ class CompressedIndex:
     def candidates(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The compressed index's own top `k·k_factor` (top `k` without re-rank), best first."""
         n_candidates = min(self.ntotal, k * max(1, self.settings.k_factor))
-        return self._index.search(vectors, n_candidates, params=self._params)
+        scores, ids = self._index.search(vectors, n_candidates, params=self._params)
+        return scores, ids
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top `k` rows per query, scored exactly from the flat file when re-ranking.
@@ -472,7 +474,8 @@ def rerank(
     n_q, m = ids.shape
     scores = np.empty((n_q, k), dtype=np.float32)
     out_ids = np.empty((n_q, k), dtype=np.int64)
-    scorer = faiss.knn_inner_products_by_idx if inner_product else faiss.knn_L2sqr_by_idx
+    # faiss's SWIG functions: present since faiss 1.7, not in its type information
+    scorer = faiss.knn_inner_products_by_idx if inner_product else faiss.knn_L2sqr_by_idx  # type: ignore[attr-defined]
     scorer(
         faiss.swig_ptr(vectors),
         faiss.swig_ptr(flat.vectors),
@@ -494,8 +497,9 @@ class SearchLaw:
     """Search settings that met 10-recall@10 >= 0.98 against exact flat, as laws in N.
 
     nprobe = `nprobe_scale` · (N / 10⁶) ** `nprobe_power` and k_factor likewise, fitted by
-    `benchmarks/perf/retrieval_scale.py` on its e5 stand-in (docs/decisions.md D21, D31);
-    beyond the largest N measured they are extrapolations.
+    `benchmarks/perf/retrieval_scale.py` on its e5 stand-in (docs/decisions.md, "Wiki-18 on one
+    CPU box" and "Wiki-18 search speed and cold start"); beyond the largest N measured they are
+    extrapolations.
     """
 
     nprobe_scale: float

@@ -89,9 +89,10 @@ class DenseRetriever:
         self._params = params
         self._manifest = manifest
         if params.index_type == "hnsw":
-            self._search_params: Any = faiss.SearchParametersHNSW(efSearch=params.hnsw_ef_search)
+            # (faiss's type stubs lag its SWIG classes: these exist and take these keywords)
+            self._search_params: Any = faiss.SearchParametersHNSW(efSearch=params.hnsw_ef_search)  # type: ignore[attr-defined]
         elif params.index_type == "ivf":
-            self._search_params = faiss.SearchParametersIVF(nprobe=params.ivf_nprobe)
+            self._search_params = faiss.SearchParametersIVF(nprobe=params.ivf_nprobe)  # type: ignore[call-arg]
         else:
             self._search_params = None
 
@@ -295,17 +296,17 @@ def _make_index(params: DenseParams, vectors: np.ndarray) -> Any:
         index.add(vectors)
         return index
     if params.index_type == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = params.hnsw_ef_construction
+        hnsw = faiss.IndexHNSWFlat(dim, params.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction = params.hnsw_ef_construction
         n_threads = faiss.omp_get_max_threads()
         faiss.omp_set_num_threads(1)  # parallel insertion would make the graph vary by run
         try:
-            index.add(vectors)
+            hnsw.add(vectors)
         finally:
             faiss.omp_set_num_threads(n_threads)
-        return index
+        return hnsw
     quantizer = faiss.IndexFlatIP(dim)
-    index = faiss.IndexIVFFlat(quantizer, dim, params.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
-    index.train(vectors)
-    index.add(vectors)
-    return index
+    ivf = faiss.IndexIVFFlat(quantizer, dim, params.ivf_nlist, faiss.METRIC_INNER_PRODUCT)
+    ivf.train(vectors)
+    ivf.add(vectors)
+    return ivf

@@ -95,9 +95,10 @@ def model_signature(model_dir: Path) -> str:
     tokenizer, vocabulary) and, of larger files (the weights), `file_fingerprint`: their size,
     first and last MiB. Like `model_fingerprint` it names the model by content, whatever the
     folder's path, but it reads about 3 MiB of a 440 MB e5-base folder instead of all of it
-    (hashing it all took 39 s of a cold start, docs/decisions.md D31). Two weight files alike in
-    size, header and last MiB get the same signature: it identifies a model, it does not prove
-    its bytes (`model_fingerprint` does, for the indexes `DenseRetriever` builds).
+    (hashing it all took 39 s of a cold start; docs/decisions.md, "Wiki-18 search speed and
+    cold start"). Two weight files alike in size, header and last MiB get the same signature:
+    it identifies a model, it does not prove its bytes (`model_fingerprint` does, for the
+    indexes `DenseRetriever` builds).
     """
     digest = hashlib.sha256()
     for path in model_files(model_dir):
@@ -150,7 +151,10 @@ class SentenceEncoder:
             self._model.max_seq_length = max_seq_length
         self._batch_size = batch_size
         self._fingerprint = model_fingerprint(self._model_dir)
-        self._dim = int(self._model.get_embedding_dimension())
+        dim = self._model.get_embedding_dimension()
+        if dim is None:
+            raise EncoderError(f"{self._model_dir}: the model does not state its embedding size")
+        self._dim = int(dim)
         self._lock = threading.Lock()
         log.info("loaded encoder %s (dim %d) from %s", self._name, self._dim, self._model_dir)
 

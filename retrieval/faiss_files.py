@@ -185,7 +185,7 @@ class FlatVectors:
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         """A float32 copy of rows `ids` (any shape), shape `ids.shape + (d,)`."""
-        return self.vectors[ids.reshape(-1)].reshape(*ids.shape, self.d)
+        return np.asarray(self.vectors[ids.reshape(-1)].reshape(*ids.shape, self.d))
 
     def pages_of(self, ids: np.ndarray) -> np.ndarray:
         """The distinct file pages (by index) that rows `ids` lie on."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import logging
 from pathlib import Path
-from typing import cast
 
 from retrieval.base import Encoder, Retriever
 from retrieval.bm25 import BM25Retriever
@@ -18,7 +17,7 @@ from retrieval.client import HTTPRetriever
 from retrieval.dense import DenseRetriever
 from retrieval.errors import IndexFormatError
 from retrieval.manifest import read_manifest
-from retrieval.protocol import PROTOCOLS, Protocol
+from retrieval.protocol import PROTOCOLS
 
 __all__ = ["INDEX_CLASSES", "load_index", "make_retriever"]
 
@@ -86,7 +85,7 @@ def make_retriever(spec: str | Path, *, cache: bool = True) -> Retriever:
     if text.startswith(("http://", "https://")):
         retriever: Retriever = HTTPRetriever(text)
     elif plus and protocol in PROTOCOLS and url.startswith(("http://", "https://")):
-        retriever = HTTPRetriever(url, protocol=cast("Protocol", protocol))
+        retriever = HTTPRetriever(url, protocol=protocol)
     elif Path(text).is_dir():
         retriever = load_index(text)
     else:

@@ -80,7 +80,7 @@ def int8_session(
     if not path.is_file():
         cache_dir.mkdir(parents=True, exist_ok=True)
 
-        class _LastHidden(torch.nn.Module):
+        class _LastHidden(torch.nn.Module):  # type: ignore[misc]  # torch is read as Any
             def __init__(self, inner: Any) -> None:
                 super().__init__()
                 self.inner = inner

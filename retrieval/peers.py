@@ -50,7 +50,8 @@ def search_r1_request(queries: Sequence[str], topk: int) -> Request:
 
 def search_r1_documents(content: bytes) -> list[list[dict[str, Any]]]:
     """Search-R1 reads `response.json()["result"]`: a `{"document", "score"}` list per query."""
-    return json.loads(content)["result"]
+    result: list[list[dict[str, Any]]] = json.loads(content)["result"]
+    return result
 
 
 def skyrl_request(query: str, topk: int) -> Request:
@@ -62,7 +63,8 @@ def skyrl_request(query: str, topk: int) -> Request:
 
 def skyrl_documents(content: bytes) -> list[list[dict[str, Any]]]:
     """SkyRL-gym reads `response.json()["result"]` and formats each inner list it holds."""
-    return json.loads(content)["result"]
+    result: list[list[dict[str, Any]]] = json.loads(content)["result"]
+    return result
 
 
 def gem_request(query: str, topk: int) -> Request:
@@ -72,7 +74,8 @@ def gem_request(query: str, topk: int) -> Request:
 
 def gem_documents(content: bytes) -> list[dict[str, Any]]:
     """GEM reads `msgpack.decode(response.content)["result"]`: one flat list for its query."""
-    return msgspec.msgpack.decode(content)["result"]
+    result: list[dict[str, Any]] = msgspec.msgpack.decode(content)["result"]
+    return result
 
 
 def passages_text(documents: Sequence[dict[str, Any]]) -> str:

@@ -103,7 +103,8 @@ class CorpusLines:
             log.warning("cannot write %s (%s); keeping offsets in memory", self.offsets_path, err)
             return offsets
         log.info("indexed %d corpus lines of %s -> %s", len(starts), self.path, self.offsets_path)
-        return np.load(self.offsets_path, mmap_mode="r", allow_pickle=False)
+        mapped: np.ndarray = np.load(self.offsets_path, mmap_mode="r", allow_pickle=False)
+        return mapped
 
     def __len__(self) -> int:
         return len(self._offsets) - 1
@@ -212,7 +213,7 @@ class PooledEncoder:
         self._batch_size = batch_size
         self._dim = int(model_config.hidden_size)
         # a signature, not a hash of every byte: a server's start reads 3 MiB of the model
-        # folder, not 440 MB (docs/decisions.md D31)
+        # folder, not 440 MB (docs/decisions.md, "Wiki-18 search speed and cold start")
         self._fingerprint = hashlib.sha256(
             f"{model_signature(self._model_dir)}|{pooling}|{max_length}".encode()
             + (b"" if precision == "fp32" else f"|{precision}".encode())
@@ -279,7 +280,7 @@ class PooledEncoder:
             else:
                 vectors = output.pooler_output
             vectors = torch.nn.functional.normalize(vectors.float(), dim=-1)
-            return vectors.cpu().numpy()
+            return np.asarray(vectors.cpu().numpy())
 
     def _encode_onnx(self, batch: list[str]) -> np.ndarray:
         inputs = self._tokenizer(
@@ -294,7 +295,7 @@ class PooledEncoder:
             vectors = (hidden * weights).sum(1) / weights.sum(1)  # (B, dim)
         else:
             vectors = hidden[:, 0]
-        return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
+        return np.asarray(vectors / np.linalg.norm(vectors, axis=1, keepdims=True), np.float32)
 
 
 class VectorIndex(Protocol):

@@ -243,7 +243,7 @@ def _json_type(value: Any) -> str:
     return names.get(type(value), "a list" if isinstance(value, list) else "an object")
 
 
-def _document(hit: Hit) -> dict[str, str]:
+def _document(hit: Hit) -> dict[str, object]:
     return {"id": hit.doc_id, "contents": hit.contents}
 
 

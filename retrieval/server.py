@@ -187,7 +187,8 @@ def serve(
         log_level="warning",
         access_log=False,
         http=guarded_protocol(connections),
-        timeout_keep_alive=connections.idle_timeout_s,
+        # typed int, but uvicorn passes it to call_later, which takes seconds as a float
+        timeout_keep_alive=connections.idle_timeout_s,  # type: ignore[arg-type]
         # the guard answers 431 first; h11's own cap (a 400) only backs it up
         h11_max_incomplete_event_size=connections.max_header_bytes + 1_024,
     )

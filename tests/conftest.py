@@ -58,10 +58,10 @@ _TINY_RECIPE = tiny_policy.TinyPolicyConfig(
     model=tiny_policy.ModelConfig(
         hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128
     ),
-    demos=tiny_policy.DemoConfig(n_worlds=1, target_variants=1),
+    demos=tiny_policy.DemonstrationConfig(n_worlds=1, target_variants=1),
     sft=tiny_policy.SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
     env=tiny_policy.EnvSettings(max_turns=3),
-    eval=tiny_policy.EvalConfig(
+    eval=tiny_policy.WarmStartEvalConfig(
         n_unseen_questions=4, n_dev_samples=1, n_samples=1, max_action_tokens=12
     ),
 )

@@ -1,4 +1,7 @@
-"""The import table of the packages and of benchmarks' rooms (docs/decisions.md, D20)."""
+"""The import table of the packages and of benchmarks' rooms.
+
+Why the rooms: docs/decisions.md, "`benchmarks/` in three rooms"; the table: docs/style.md §2.1.
+"""
 
 from __future__ import annotations
 
@@ -68,6 +71,19 @@ def test_package_imports_only_what_its_row_allows(package: str) -> None:
             if root != package and root not in ALLOWED[package]:
                 violations.append(f"{path.relative_to(ROOT)} imports {root}")
     assert not violations, "layering violations:\n" + "\n".join(violations)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_package_imports_the_scripts_the_tests_or_the_examples(package: str) -> None:
+    """They sit beside the packages, outside the install: an import of them works only in a
+    checkout (and a test helper belongs in a fixture, not in the library)."""
+    outside = {"scripts", "tests", "examples", "conftest"}
+    violations = [
+        f"{path.relative_to(ROOT)} imports {root}"
+        for path in _modules(package)
+        for root in _imported_roots(path) & outside
+    ]
+    assert not violations, "imports from outside the packages:\n" + "\n".join(violations)
 
 
 @pytest.mark.parametrize("room", sorted(ROOMS))
@@ -152,3 +168,71 @@ def test_the_checker_sees_a_room_crossing(tmp_path: Path) -> None:
     rooms = {_room(m) for m in _imported_modules(bad)} - {None}
     assert rooms == {"benchmarks.research", "benchmarks.perf"}
     assert not rooms <= ROOMS["benchmarks.qa"]
+
+
+def _top_level_work(source: str) -> list[str]:
+    """Top-level statements of a module that do something when it is imported.
+
+    Allowed: imports, definitions, assignments to names, the docstring, and the `__main__` and
+    `TYPE_CHECKING` blocks. A call at top level, or an assignment into something else
+    (`os.environ["X"] = ...`), is work.
+    """
+    guards = {"__name__ == '__main__'", "TYPE_CHECKING"}
+    work = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import | ast.ImportFrom | ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if isinstance(node, ast.ClassDef):
+            continue
+        if isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            continue
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue
+        if isinstance(node, ast.If) and ast.unparse(node.test) in guards:
+            continue
+        if isinstance(node, ast.Assert):
+            continue  # a check of the module's own tables (qa_datasets' FORMATS)
+        work.append(f"{node.lineno}: {ast.unparse(node).splitlines()[0]}")
+    return work
+
+
+def test_importing_a_benchmark_module_runs_nothing() -> None:
+    """The doctest run imports every module: a script's work waits for `__main__`."""
+    work = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _modules("benchmarks")
+        for line in _top_level_work(path.read_text(encoding="utf-8"))
+    ]
+    assert not work, "module-level work in benchmarks:\n" + "\n".join(work)
+
+
+def test_the_side_effect_check_sees_module_level_work() -> None:
+    source = (
+        '"""doc"""\nimport os\nX: int = 1\nos.environ["A"] = "1"\nprint(X)\n'
+        'if __name__ == "__main__":\n    print(2)\n'
+    )
+    assert _top_level_work(source) == ["4: os.environ['A'] = '1'", "5: print(X)"]
+
+
+def _public_definitions(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    kinds = ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef
+    return {n.name for n in tree.body if isinstance(n, kinds) and not n.name.startswith("_")}
+
+
+def test_no_public_name_is_defined_in_two_packages() -> None:
+    """One name per concept (docs/style.md §2.2): `EvalConfig` means one thing everywhere.
+
+    Inside one package a command function may share its implementation's name, and every
+    benchmark script has its `Args`, `main` and `print_table`; `main` is every entry point's.
+    """
+    where: dict[str, set[str]] = {}
+    for package in PACKAGES:
+        for path in _modules(package):
+            for name in _public_definitions(path):
+                where.setdefault(name, set()).add(package)
+    where.pop("main", None)  # a module's entry point (`tracerl`'s, each script's)
+    reused = {name: sorted(p) for name, p in where.items() if len(p) > 1}
+    assert not reused, f"names defined in more than one package: {reused}"

@@ -64,3 +64,15 @@ def test_flash_attn_0_installs_openrlhf_without_building_flash_attn(tmp_path):
     assert '".[gpu-sdpa,dev]"' in done.stdout
     built = make(tmp_path, "install-gpu")
     assert "gpu_pin.py flash-attn" in built.stdout and '".[gpu,dev]"' in built.stdout
+
+
+def test_make_test_runs_lint_types_then_the_tests_and_doctests(tmp_path):
+    """CI's `.ci/run` is `make test`: style, format and types fail it before any test runs."""
+    stamp(tmp_path / ".installed", fresh=True)
+    done = make(tmp_path, "test")
+    assert done.returncode == 0, done.stderr
+    steps = [line for line in done.stdout.splitlines() if line.strip()]
+    order = ["ruff check .", "ruff format --check .", "-m mypy", "-m pytest"]
+    where = [next(i for i, line in enumerate(steps) if key in line) for key in order]
+    assert where == sorted(where), steps
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith("exec make test")

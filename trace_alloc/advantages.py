@@ -1,4 +1,4 @@
-"""Tree-aware group-relative advantages: one value per turn of each leaf's path (DESIGN §1).
+"""Tree-aware group-relative advantages: one value per turn of each leaf's path (docs/design.md §1).
 
 Every leaf is trained as its own root-to-leaf sequence. `tree_advantages` gives each of its turns
 (segments) an advantage; `LeafAdvantage.to_tokens` spreads it over that turn's action tokens and

@@ -1,4 +1,4 @@
-"""The rollout-allocation strategies, all behind `trace_alloc.base.Allocator` (DESIGN §3).
+"""The rollout-allocation strategies, all behind `trace_alloc.base.Allocator` (docs/design.md §3).
 
 Each strategy is a frozen dataclass: its fields are its configuration (tyro can build it), and
 `ask` is a pure function of the view, the predictor and the generator. They are compared at
@@ -157,7 +157,7 @@ class DynamicSampling:
 
     Groups of G are generated in waves of `wave_groups` prompts; groups that are all 0 or all 1
     are dropped, until `batch_size` mixed groups are kept or the budget is spent. Dropped
-    groups count against the budget (DESIGN §1, equal cost).
+    groups count against the budget (docs/design.md §1, equal cost).
     """
 
     name: ClassVar[str] = "dynamic_sampling"
@@ -339,7 +339,7 @@ class RandomTree(_TreeSearch):
 
     def _anchors(self, tree: RolloutTree, k: int, rng: np.random.Generator) -> list[int]:
         candidates = [node.node_id for node in tree.nodes if not node.is_leaf]
-        return rng.choice(candidates, size=k, replace=True).tolist()
+        return [int(i) for i in rng.choice(candidates, size=k, replace=True)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -409,7 +409,8 @@ class Trace:
     min_per_prompt: int = 4
     """Smallest non-zero m_i (lowered to the root budget when that is smaller): 4 keeps the
     paper's density of >= 4 bare rollouts per opened prompt; 2 opens prompts with a pair, which
-    buys more mixed prompts when the predictor is sharp and fewer when it is not (D3, D17)."""
+    buys more mixed prompts when the predictor is sharp and fewer when it is not (docs/decisions.md,
+    "Root solver" and "Budget density and Stage 2's preference")."""
     continuations_per_rollout: int = 1
     """N: Stage-2 continuations per bare rollout (Σ K = m_i N per prompt); 0 turns Stage 2 off."""
     stage1: Literal["active", "uniform"] = "active"
@@ -420,13 +421,15 @@ class Trace:
     """G for `stage1="uniform"`."""
     explore_frac: float = 0.05
     """Share of the root budget given as `min_per_prompt`-rollout floors to random pool prompts,
-    so that the predictor keeps seeing prompts it would filter out (docs/decisions.md, D2)."""
+    so that the predictor keeps seeing prompts it would filter out (docs/decisions.md,
+    "Output squashing, calibration, cold start and exploration")."""
     p_clip: float = 0.01
     """Predictions are clipped to [p_clip, 1 − p_clip]: no prompt or prefix is ever certain."""
     prefer_unmixed: bool = True
     """Stage 2 spends only on trees whose bare rollouts all agree while any has a prefix to
     expand: a flip there makes a new mixed prompt, one in a mixed tree only a mixed prefix
-    (False: every tree gets its share ∝ m_i, the paper's rule; docs/decisions.md, D17)."""
+    (False: every tree gets its share ∝ m_i, the paper's rule; docs/decisions.md, "Budget density
+    and Stage 2's preference")."""
 
     def __post_init__(self) -> None:
         _check_group_size(self.group_size)
@@ -478,9 +481,9 @@ class Trace:
         # a budget below the minimum still opens one prompt, with all of it
         lo = max(2, min(self.min_per_prompt, n_roots))
         if self.stage1 == "uniform":
-            requests = _groups(range(len(view.trees)), n_roots, self.group_size, exact=view.exact)
+            groups = _groups(range(len(view.trees)), n_roots, self.group_size, exact=view.exact)
             return AllocPlan(
-                requests=tuple(requests), stage="roots", diagnostics={"n_prompts": len(requests)}
+                requests=tuple(groups), stage="roots", diagnostics={"n_prompts": len(groups)}
             )
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.zeros(len(view.trees), dtype=np.int64)
@@ -546,7 +549,7 @@ class Trace:
                 nodes, r = eligible[i]
                 vi = v[start : start + len(nodes)]
                 start += len(nodes)
-                q = r * vi + (1.0 - r) * (1.0 - vi)  # P(a continuation repeats r), DESIGN §1
+                q = r * vi + (1.0 - r) * (1.0 - vi)  # P(continuation repeats r), docs/design.md §1
                 k = solve_prefixes(q, int(share))
                 expected_flips += float(v_prefix(q, k).sum())
                 requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))))
@@ -568,8 +571,8 @@ class Trace:
         current = np.array([len(t.root.children) for t in view.trees], dtype=np.int64)
         if self.stage1 == "uniform":
             order = _fresh(view.trees)
-            requests = _groups(order, view.leaves_left, self.group_size, exact=view.exact)
-            return AllocPlan(requests=tuple(requests), stage="roots")
+            groups = _groups(order, view.leaves_left, self.group_size, exact=view.exact)
+            return AllocPlan(requests=tuple(groups), stage="roots")
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.minimum(current, self.max_per_prompt)
         solution = solve_roots(

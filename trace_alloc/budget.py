@@ -1,4 +1,4 @@
-"""Budget in three currencies: leaves, generated tokens and tool calls (DESIGN §1, equal cost).
+"""Budget in three currencies: leaves, generated tokens, tool calls (docs/design.md §1).
 
 A run limits one currency, `leaves` or `tokens`, and meters all three. Generated tokens count
 only the action tokens a policy produced: a fork reuses its prefix, so prefix tokens are never

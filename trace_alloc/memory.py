@@ -20,7 +20,8 @@ the outcomes of its own past bare rollouts:
   rollouts counts 8 times a prefix with one leaf).
 
 It is an extension of the paper in the spirit of history-based prompt selection (PCL's on-policy
-value model, GRESO's per-prompt history of zero-variance groups); docs/decisions.md, D16.
+value model, GRESO's per-prompt history of zero-variance groups); docs/decisions.md, "The predictor
+remembers each question".
 """
 
 from __future__ import annotations
@@ -93,7 +94,7 @@ class MemoryPredictor:
         p = np.asarray(self.text_model.predict(histories), dtype=np.float64)
         s, n = self.memory(histories)
         k = self.prior_strength
-        return (k * p + s) / (k + n)
+        return np.asarray((k * p + s) / (k + n))
 
     def update(
         self,

@@ -1,6 +1,7 @@
 """The default success predictor Ṽψ: hashed n-grams into a small numpy MLP, trained online.
 
-Design (measured in `benchmarks/research/predictor_design.py`; docs/decisions.md, D1):
+Design (measured in `benchmarks/research/predictor_design.py`; docs/decisions.md, "Predictor
+architecture and input encoding"):
 
 - `HashedNgramFeaturizer` reads the *head* of a history (its first words: the question) and its
   *tail* (its last words: the latest turns) as word unigrams and bigrams, signed-hashed into a
@@ -230,7 +231,7 @@ class MLPPredictor:
         x = _sparse(self.featurizer.featurize(histories))
         p = self._forward(x)[0]
         c = self.familiarity(x)
-        return (c * p + (1.0 - c) * self.prior).astype(np.float64)
+        return np.asarray(c * p + (1.0 - c) * self.prior, dtype=np.float64)
 
     def update(
         self,

@@ -1,9 +1,9 @@
-"""The two TRACE budget problems and their exact solvers (DESIGN §1; docs/trace_alloc.md).
+"""The two TRACE budget problems and their exact solvers (docs/design.md §1; docs/trace_alloc.md).
 
 Stage 1 (roots): choose m_i ∈ {0} ∪ [2, cap] with Σ m_i = M maximising Σ V_root(v_i, m_i),
 V_root(v, m) = 1 − v^m − (1 − v)^m. V_root(·, 1) = 0, so the objective is not concave at the
-start and plain marginal-gain greedy is not exact (docs/decisions.md, D3); a dynamic program over
-the budget is, and costs O(B · cap · M) vectorised array operations.
+start and plain marginal-gain greedy is not exact (docs/decisions.md, "Root solver"); a dynamic
+program over the budget is, and costs O(B · cap · M) vectorised array operations.
 
 Stage 2 (prefixes): choose K_n ≥ 0 with Σ K_n = budget maximising Σ 1 − q_n^K_n. The marginal
 gain of the (k+1)-th continuation, q^k (1 − q), is non-increasing in k, so taking the `budget`
@@ -65,7 +65,8 @@ def v_prefix(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
     >>> float(v_prefix(0.75, 2))
     0.4375
     """
-    return 1.0 - np.asarray(q, dtype=np.float64) ** np.asarray(k)
+    flips: np.ndarray = 1.0 - np.asarray(q, dtype=np.float64) ** np.asarray(k)
+    return flips
 
 
 def prefix_gain(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
@@ -75,7 +76,8 @@ def prefix_gain(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
     (0.25, 0.1875)
     """
     q = np.asarray(q, dtype=np.float64)
-    return q ** np.asarray(k) * (1.0 - q)
+    gain: np.ndarray = q ** np.asarray(k) * (1.0 - q)
+    return gain
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -222,4 +224,4 @@ def split_budget(total: int, weights: np.ndarray) -> np.ndarray:
     left = total - int(shares.sum())
     order = np.lexsort((np.arange(w.shape[0]), -(exact - shares)))
     shares[order[:left]] += 1
-    return shares
+    return np.asarray(shares)

@@ -1,4 +1,4 @@
-"""Rollout trees: one node per ReAct turn, the prompt at the depth-0 root (DESIGN §1).
+"""Rollout trees: one node per ReAct turn, the prompt at the depth-0 root (docs/design.md §1).
 
 A rollout engine (the LLM harness, or the simulator in `benchmarks/research/alloc_sim.py`) returns
 `Rollout` values: the turns it generated from an anchor to the end of the episode, and the
@@ -128,7 +128,7 @@ class Rollout:
     turns: tuple[Turn, ...]
     """Turns from the anchor to the end of the episode; the last one is the leaf."""
     reward: float
-    """Terminal reward in [0, 1] (binary for TRACE; DESIGN §1)."""
+    """Terminal reward in [0, 1] (binary for TRACE; docs/design.md §1)."""
 
     def __post_init__(self) -> None:
         if not self.turns:
@@ -342,7 +342,7 @@ class RolloutTree:
     def values(self) -> np.ndarray:
         """V̂(y) per node: the mean terminal reward of the leaves under y (NaN if none).
 
-        This is the predictor's training target (DESIGN §1): V̂(y) = (1/n_y) Σ_c n_c V̂(c).
+        This is the predictor's training target (docs/design.md §1): V̂(y) = (1/n_y) Σ_c n_c V̂(c).
 
         >>> tree = RolloutTree(prompt_id="q", prompt_text="Q?")
         >>> _ = tree.add_rollout(0, Rollout(turns=(_t("a"), _t("b")), reward=1.0))
@@ -418,7 +418,7 @@ class RolloutTree:
             )
         try:
             raw_nodes = list(data["nodes"])
-            header = {
+            header: dict[str, Any] = {
                 "prompt_id": str(data["prompt_id"]),
                 "prompt_text": str(data["prompt_text"]),
                 "prompt_token_ids": tuple(int(t) for t in data.get("prompt_token_ids", ())),
@@ -598,7 +598,7 @@ def bare_leaves(tree: RolloutTree) -> list[int]:
 def training_examples(trees: Sequence[RolloutTree]) -> TrainingExamples:
     """The predictor's training set: every root and prefix with a leaf below, and its target.
 
-    A prefix's target is V̂ (DESIGN §1: the mean leaf reward under it). A root's target is the
+    A prefix's target is V̂ (docs/design.md §1: mean leaf reward under it). A root's target is the
     mean reward of its **bare** rollouts only: Stage 2 chooses where to continue by the outcome
     already seen, so the continuations below a root are not a sample of the question's success
     rate (on an all-fail tree they are aimed at flipping it), while the bare rollouts are.

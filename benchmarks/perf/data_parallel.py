@@ -129,8 +129,10 @@ def _train(name: str, args: Args, ranks: Ranks, steps: range, start: Any = None)
     config = replace(
         TrainConfig(),
         optim=OptimConfig(
-            micro_batch_size=args.micro_batch_size, backend=backend, zero_stage=stage
-        ),  # type: ignore[arg-type]
+            micro_batch_size=args.micro_batch_size,
+            backend=backend,  # type: ignore[arg-type]
+            zero_stage=stage,
+        ),
         loss=LossConfig(kl_coef=args.kl_coef),
     )
     losses = openrlhf_losses()

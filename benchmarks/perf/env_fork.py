@@ -98,6 +98,26 @@ def _prepare(
     return env, task_id, actions
 
 
+def _operations(
+    env: SearchQAEnv,
+    answer: str,
+    fresh_search: str,
+    replay: Callable[[str], None],
+    roundtrip: Callable[[], None],
+) -> dict[str, Callable[[], object]]:
+    """The timed operations at one depth, by name."""
+    return {
+        "fork": lambda: env.fork()[0].step(answer),
+        "deepcopy": lambda: _careful_deepcopy(env).step(answer),
+        "replay": lambda: replay(answer),
+        "fork_search": lambda: env.fork()[0].step(fresh_search),
+        "deepcopy_search": lambda: _careful_deepcopy(env).step(fresh_search),
+        "replay_search": lambda: replay(fresh_search),
+        "fork_only": lambda: env.fork(),
+        "json_roundtrip": roundtrip,
+    }
+
+
 def main(args: Args) -> dict[str, Any]:
     """Time fork, careful deepcopy and replay at each depth; measure snapshots."""
     world = World.generate(args.seed)
@@ -125,16 +145,7 @@ def main(args: Args) -> dict[str, Any]:
             text = json.dumps(env.snapshot().to_json())
             target.restore(EnvSnapshot.from_json(json.loads(text)))
 
-        methods: dict[str, Callable[[], object]] = {
-            "fork": lambda env=env: env.fork()[0].step(answer),
-            "deepcopy": lambda env=env: _careful_deepcopy(env).step(answer),
-            "replay": lambda: replay(answer),
-            "fork_search": lambda env=env: env.fork()[0].step(fresh_search),
-            "deepcopy_search": lambda env=env: _careful_deepcopy(env).step(fresh_search),
-            "replay_search": lambda: replay(fresh_search),
-            "fork_only": lambda env=env: env.fork(),
-            "json_roundtrip": roundtrip,
-        }
+        methods = _operations(env, answer, fresh_search, replay, roundtrip)
         samples: dict[str, list[float]] = {name: [] for name in methods}
         for op in methods.values():  # warm-up
             _time_us(op, max(1, args.batch // 10))

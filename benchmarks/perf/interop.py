@@ -102,7 +102,7 @@ def _missing(module: str | None) -> str | None:
     return None
 
 
-def run_episodes(url: str, scripts: Sequence[Script], topk: int) -> dict[str, Any]:
+def run_peer_episodes(url: str, scripts: Sequence[Script], topk: int) -> dict[str, Any]:
     """Every client's episodes against the server at `url`."""
     out: dict[str, Any] = {}
     for name, (episode, module) in EPISODES.items():
@@ -239,7 +239,7 @@ def main(args: Args) -> dict[str, Any]:
         proc, url = start_server(index_dir)
         try:
             start = time.perf_counter()
-            episodes = run_episodes(url, scripts, args.topk)
+            episodes = run_peer_episodes(url, scripts, args.topk)
             episodes_s = time.perf_counter() - start
         finally:
             proc.terminate()

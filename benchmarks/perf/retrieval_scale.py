@@ -55,7 +55,7 @@ import numpy as np
 import tyro
 
 from benchmarks.meta import run_meta
-from benchmarks.perf.e5like import E5Like, write_flat_file
+from benchmarks.perf.e5like import Difficulty, E5Like, write_flat_file
 from benchmarks.perf.retrieval_bm25 import DEFAULT_DATA
 from retrieval.compressed import (
     PRESETS,
@@ -137,7 +137,7 @@ class Args:
     """layers of the e5-shaped encoder timed (12 = e5-base-v2)"""
     cold_precision: Literal["fp32", "bf16", "int8", "int8-onnx"] = "bf16"
     """the query encoder's precision in the cold-start probe (bf16: the one the docs serve with,
-    docs/decisions.md D22)"""
+    docs/decisions.md, "Query encoding on the CPU")"""
     drop_libraries: bool = True
     """with --drop file, also drop the files of the Python packages the server imports (torch,
     transformers, tokenizers, faiss, numpy, ...), so the cold start reads its libraries too"""
@@ -687,60 +687,9 @@ def main(args: Args) -> dict[str, Any]:
         centroids = None
         presets = list(args.presets) + (list(args.small_presets) if n <= args.small_max_n else [])
         for preset in presets:
-            out = args.work_dir / f"{preset}_{n}"
-            kf = K_FACTOR.get(preset, 1)
-            shares = preset not in ("opq96fs", "hnsw-sq8")
-            record = _reuse(out, n, preset)
-            if record is None:  # built by an earlier run with the same rows and preset: reused
-                shutil.rmtree(out, ignore_errors=True)
-                record = compress_flat_index(
-                    flat_path,
-                    out,
-                    CompressConfig(preset=preset, search=SearchDefaults(nprobe=8, k_factor=kf)),  # type: ignore[arg-type]
-                    n_rows=n,
-                    centroids=centroids if shares else None,
-                )
-            index = CompressedIndex(out)
-            if shares and centroids is None:
-                centroids = index.centroids()
-            entry: dict[str, Any] = {
-                "k_factor": kf,
-                "index_bytes": record["index_bytes"],
-                "bytes_per_row": record["index_bytes"] / n,
-                "train_s": record["train_s"],
-                "add_s": record["add_s"],
-                "kmeans": record["n_train"] if record["centroids"] == "trained" else 0,
-                "by_difficulty": {},
-            }
-            grid = EF_GRID if preset == "hnsw-sq8" else NPROBE_GRID
-            tried: dict[int, dict[str, Any]] = {}
-            factors = [kf * 2**i for i in range(FACTOR_STEPS)] if kf > 1 else [kf]
-            for factor in factors:
-                tried[factor] = {d: sweep(index, qs, factor, grid) for d, qs in truth.items()}
-                goals = {f: t[headline]["nprobe_goal"] for f, t in tried.items()}
-                if pick_factor(goals, final=False) is not None:
-                    break
-            entry["k_factor"] = kf = pick_factor(goals, final=True) or factors[-1]
-            entry["k_factor_goals"] = goals
-            for d, swept in tried[kf].items():
-                per_query = swept.pop("_per_query")
-                entry["by_difficulty"][d] = swept
-                if d == headline:
-                    entry["_per_query"] = per_query
-            kf = entry["k_factor"]
-            goal = entry["by_difficulty"][headline]["nprobe_goal"]
-            if goal is not None:
-                entry["time"] = time_components(index, queries[headline], goal, kf)
-                index.set_search(SearchDefaults(nprobe=goal, k_factor=kf))
-                ids = index.candidates(queries[headline][:1000], K)[1]
-                if index.flat is not None and kf > 0:
-                    entry["rerank_pages_per_1000_queries"] = int(
-                        len(index.flat.pages_of(_valid(ids))) * 1000 / len(ids)
-                    )
-                if preset == args.default_preset:
-                    entry.update(_cold_checks(args, index, truth[headline], goal, kf, out, flat))
-            res.presets[preset] = entry
-            index.close()
+            res.presets[preset], centroids = _measure_preset(
+                args, flat, n, preset, truth, queries[headline], headline, centroids
+            )
         sizes.append(res)
         log.info("N = %d done at %.0f s", n, time.perf_counter() - started)
         partial = [asdict(x) for x in sizes]
@@ -805,6 +754,77 @@ def main(args: Args) -> dict[str, Any]:
                 else:
                     path.unlink()
     return result
+
+
+def _measure_preset(
+    args: Args,
+    flat: FlatVectors,
+    n: int,
+    preset: str,
+    truth: dict[Difficulty, QuerySet],
+    headline_queries: np.ndarray,
+    headline: Difficulty,
+    centroids: np.ndarray | None,
+) -> tuple[dict[str, Any], np.ndarray | None]:
+    """Build (or reuse) one preset's index over the first `n` rows of `flat` and measure it.
+
+    Returns the preset's entry and the IVF centroids that later presets over the same rows
+    share (trained by the first preset that shares them).
+    """
+    out = args.work_dir / f"{preset}_{n}"
+    kf = K_FACTOR.get(preset, 1)
+    shares = preset not in ("opq96fs", "hnsw-sq8")
+    record = _reuse(out, n, preset)
+    if record is None:  # built by an earlier run with the same rows and preset: reused
+        shutil.rmtree(out, ignore_errors=True)
+        record = compress_flat_index(
+            flat.path,
+            out,
+            CompressConfig(preset=preset, search=SearchDefaults(nprobe=8, k_factor=kf)),  # type: ignore[arg-type]
+            n_rows=n,
+            centroids=centroids if shares else None,
+        )
+    index = CompressedIndex(out)
+    if shares and centroids is None:
+        centroids = index.centroids()
+    entry: dict[str, Any] = {
+        "k_factor": kf,
+        "index_bytes": record["index_bytes"],
+        "bytes_per_row": record["index_bytes"] / n,
+        "train_s": record["train_s"],
+        "add_s": record["add_s"],
+        "kmeans": record["n_train"] if record["centroids"] == "trained" else 0,
+        "by_difficulty": {},
+    }
+    grid = EF_GRID if preset == "hnsw-sq8" else NPROBE_GRID
+    tried: dict[int, dict[Difficulty, dict[str, Any]]] = {}
+    factors = [kf * 2**i for i in range(FACTOR_STEPS)] if kf > 1 else [kf]
+    goals: dict[int, Any] = {}
+    for factor in factors:
+        tried[factor] = {d: sweep(index, qs, factor, grid) for d, qs in truth.items()}
+        goals = {f: t[headline]["nprobe_goal"] for f, t in tried.items()}
+        if pick_factor(goals, final=False) is not None:
+            break
+    entry["k_factor"] = kf = pick_factor(goals, final=True) or factors[-1]
+    entry["k_factor_goals"] = goals
+    for d, swept in tried[kf].items():
+        per_query = swept.pop("_per_query")
+        entry["by_difficulty"][d] = swept
+        if d == headline:
+            entry["_per_query"] = per_query
+    goal = entry["by_difficulty"][headline]["nprobe_goal"]
+    if goal is not None:
+        entry["time"] = time_components(index, headline_queries, goal, kf)
+        index.set_search(SearchDefaults(nprobe=goal, k_factor=kf))
+        ids = index.candidates(headline_queries[:1000], K)[1]
+        if index.flat is not None and kf > 0:
+            entry["rerank_pages_per_1000_queries"] = int(
+                len(index.flat.pages_of(_valid(ids))) * 1000 / len(ids)
+            )
+        if preset == args.default_preset:
+            entry.update(_cold_checks(args, index, truth[headline], goal, kf, out, flat))
+    index.close()
+    return entry, centroids
 
 
 def _reuse(out: Path, n: int, preset: str) -> dict[str, Any] | None:

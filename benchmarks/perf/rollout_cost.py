@@ -3,7 +3,7 @@
 One question: at an equal number of leaves (trajectories), how many tokens does the policy
 generate per leaf when rollouts branch from turn prefixes instead of all starting at the
 question? A fork reuses its prefix (the engine continues from the anchor's tokens), so only the
-continuation is generated; DESIGN §1 meters exactly that.
+continuation is generated; docs/design.md §1 meters exactly that.
 
 In one process, on the same prompts, policy and seeds, the tree-rollout engine runs:
 

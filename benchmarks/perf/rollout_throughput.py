@@ -169,7 +169,7 @@ def run_mode(
     engine = TreeRolloutEngine(
         policy,
         env,
-        EpisodeCodec(tokenizer),  # type: ignore[arg-type]  (duck-typed tokenizer)
+        EpisodeCodec(tokenizer),  # a duck-typed tokenizer
         sampling=SamplingParams(max_new_tokens=64),
         batch_tool_calls=mode == "batched",
     )

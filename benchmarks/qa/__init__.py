@@ -43,7 +43,7 @@ from benchmarks.qa.errors import (
     DatasetFormatError,
     DatasetUnavailable,
     NoParagraphsError,
-    UnknownNameError,
+    UnknownBenchmarkNameError,
 )
 from benchmarks.qa.evaluation import EpisodeRecord, Metrics, Report, evaluate, evaluate_policy_dir
 from benchmarks.qa.qa_datasets import DATASETS, LoadedDataset, load_file, load_named
@@ -72,7 +72,7 @@ __all__ = [
     "PolicyAgent",
     "Report",
     "ScriptedAgent",
-    "UnknownNameError",
+    "UnknownBenchmarkNameError",
     "bootstrap_mean",
     "evaluate",
     "evaluate_policy_dir",

@@ -29,7 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from benchmarks.qa.qa_datasets import LoadedDataset, SubQuestion
+from benchmarks.qa.qa_datasets import DecompositionStep, LoadedDataset
+from envs import ScriptedPolicy
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
 from harness.episodes import EpisodeCodec
@@ -98,11 +99,6 @@ class Agent(Protocol):
 # --- scripted ----------------------------------------------------------------------------------
 
 
-class _ScriptedPolicy(Protocol):
-    def reset(self, prompt: str, info: Mapping[str, Any]) -> None: ...
-    def act(self, observation: str, info: Mapping[str, Any]) -> str: ...
-
-
 class ScriptedAgent:
     """Batches any scripted per-episode policy: one fresh instance per episode.
 
@@ -115,7 +111,7 @@ class ScriptedAgent:
     def __init__(
         self,
         name: str,
-        factory: Callable[[], _ScriptedPolicy],
+        factory: Callable[[], ScriptedPolicy],
         settings: Mapping[str, Any] | None = None,
     ) -> None:
         self._name = name
@@ -131,7 +127,7 @@ class ScriptedAgent:
         """The scripted policy's name and parameters."""
         return dict(self._settings)
 
-    def start(self, prompt: str, info: Mapping[str, Any]) -> _ScriptedPolicy:
+    def start(self, prompt: str, info: Mapping[str, Any]) -> ScriptedPolicy:
         """A fresh policy instance, reset on the prompt."""
         policy = self._factory()
         policy.reset(prompt, info)
@@ -139,7 +135,7 @@ class ScriptedAgent:
 
     def act(
         self,
-        states: Sequence[_ScriptedPolicy],
+        states: Sequence[ScriptedPolicy],
         observations: Sequence[str],
         infos: Sequence[Mapping[str, Any]],
     ) -> list[AgentAction]:
@@ -175,7 +171,7 @@ def _musique_query(question: str, answers: Sequence[str]) -> str:
     return " ".join(_STEP_REF.sub(answer_of, question).replace(">>", " ").split())
 
 
-def _plan_from_steps(steps: Sequence[SubQuestion], answer: str) -> OraclePlan:
+def _plan_from_steps(steps: Sequence[DecompositionStep], answer: str) -> OraclePlan:
     answers = [s.answer for s in steps]
     return OraclePlan(
         queries=tuple(_musique_query(s.question, answers[:i]) for i, s in enumerate(steps)),

@@ -34,13 +34,13 @@ from benchmarks.qa.agents import (
     oracle_plans,
 )
 from benchmarks.qa.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
-from benchmarks.qa.errors import BenchmarkError, UnknownNameError
+from benchmarks.qa.errors import BenchmarkError, UnknownBenchmarkNameError
 from benchmarks.qa.evaluation import EpisodeRecord, Report, evaluate
 from benchmarks.qa.qa_datasets import (
     DatasetSource,
+    DecompositionStep,
     FormatName,
     LoadedDataset,
-    SubQuestion,
     combine,
     load_file,
     load_named,
@@ -52,7 +52,7 @@ from envs.errors import EnvError
 from envs.protocol import Protocol
 from envs.rewards import RewardKind
 from envs.tasks import TaskSet
-from harness.backends.base import SamplingParams
+from harness.backends.base import PolicyBackend, SamplingParams
 from harness.errors import EndpointError, EndpointRejected, HarnessError
 from harness.task_sources import fact_disjoint_questions
 from retrieval import (
@@ -136,7 +136,9 @@ class LoadedData:
 def _load_synthetic(args: DataArgs) -> LoadedData:
     split = args.split or "all"
     if split not in SYNTHETIC_SPLITS:
-        raise UnknownNameError(f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}")
+        raise UnknownBenchmarkNameError(
+            f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}"
+        )
     world = World.generate(args.world_seed)
     if split == "fact_disjoint":  # questions of a larger draw of the same world (same corpus)
         world, tasks = fact_disjoint_questions(world, world.split().train)
@@ -146,7 +148,7 @@ def _load_synthetic(args: DataArgs) -> LoadedData:
         tasks = tasks[: args.limit]
     decompositions = {
         t.task_id: tuple(
-            SubQuestion(question=s.query, answer=s.answer)
+            DecompositionStep(question=s.query, answer=s.answer)
             for s in world.decomposition(t.task_id).steps
         )
         for t in tasks
@@ -341,7 +343,7 @@ class BenchConfig(AgentArgs, DataArgs):
     max_turns: int | None = None
     """Actions per episode. Unset: 4, or 5 with `--protocol search-r1` (its `max_turns=4` is
     four search rounds plus a final answer-only round)."""
-    topk: int = 3
+    top_k: int = 3
     """Documents per search."""
     reward: RewardKind = "em"
     """The env's reward (EM / sub-EM / F1 are reported whatever it is)."""
@@ -401,7 +403,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
     inner = retriever.inner if isinstance(retriever, CachedRetriever) else retriever
     manifest = getattr(inner, "manifest", None)
     url = isinstance(inner, HTTPRetriever)
-    if manifest is None and url:
+    if manifest is None and isinstance(inner, HTTPRetriever):
         manifest = _server_manifest(inner)
     documents = getattr(inner, "documents", None)
     meta = {
@@ -410,7 +412,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         "index_id": retriever.index_id,
         "manifest": _manifest_json(manifest, built_now=config.index is None and not url),
         "n_documents": len(documents) if documents is not None else _n_documents(manifest),
-        "top_k": config.topk,
+        "top_k": config.top_k,
         # `tracerl corpus` ids: the pooled paragraphs shipped with the questions themselves
         "distractor_pool": documents is not None
         and all(_PARAGRAPH_ID.fullmatch(d.doc_id) for d in documents),
@@ -579,10 +581,11 @@ def make_agent(
     if kind == "transformers":
         from harness.backends.transformers_backend import TransformersBackend
 
-        backend = TransformersBackend(
+        local = TransformersBackend(
             args.model, device=args.device, batch_size=args.concurrency, seed=seed
         )
-        tokenizer = backend.tokenizer
+        backend: PolicyBackend = local
+        tokenizer = local.tokenizer
     else:
         from transformers import AutoTokenizer
 
@@ -819,7 +822,7 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
     tasks = _recall_tasks(data.dataset.tasks, retriever)
     env_kwargs: dict[str, Any] = {
         "max_turns": config.env_max_turns,
-        "top_k": config.topk,
+        "top_k": config.top_k,
         "reward": config.reward,
         "protocol": config.protocol,
     }

@@ -68,7 +68,9 @@ def attach_doc_ids(tasks: TaskSet) -> TaskSet:
         paragraphs = tuple(
             replace(p, doc_id=paragraph_doc_id(p.title, p.text)) for p in task.paragraphs
         )
-        supporting = tuple(dict.fromkeys(p.doc_id for p in paragraphs if p.is_supporting))
+        supporting = tuple(
+            dict.fromkeys(p.doc_id for p in paragraphs if p.is_supporting and p.doc_id is not None)
+        )
         out.append(replace(task, paragraphs=paragraphs, supporting_doc_ids=supporting))
     return TaskSet(out)
 

@@ -11,7 +11,7 @@ __all__ = [
     "DatasetFormatError",
     "DatasetUnavailable",
     "NoParagraphsError",
-    "UnknownNameError",
+    "UnknownBenchmarkNameError",
 ]
 
 
@@ -31,5 +31,5 @@ class NoParagraphsError(BenchmarkError, ValueError):
     """A corpus was asked of datasets that carry no paragraphs (Bamboogle, NQ-open)."""
 
 
-class UnknownNameError(BenchmarkError, LookupError):
+class UnknownBenchmarkNameError(BenchmarkError, LookupError):
     """A name (dataset, format, agent) is not in its registry; the message lists the valid ones."""

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
+from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownBenchmarkNameError
 from envs.tasks import Paragraph, QATask, TaskSet
 
 __all__ = [
@@ -49,10 +49,10 @@ __all__ = [
     "FLASHRAG_REPO",
     "FORMATS",
     "DatasetSource",
+    "DecompositionStep",
     "FormatName",
     "HubDataset",
     "LoadedDataset",
-    "SubQuestion",
     "combine",
     "detect_format",
     "load_file",
@@ -70,7 +70,7 @@ FLASHRAG_REPO = "RUC-NLPIR/FlashRAG_datasets"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SubQuestion:
+class DecompositionStep:
     """One step of a dataset's own question decomposition (MuSiQue gives them)."""
 
     question: str
@@ -108,7 +108,7 @@ class LoadedDataset:
     """The dataset name used in reports (`hotpotqa`, `musique`, ...)."""
     tasks: TaskSet
     sources: tuple[DatasetSource, ...]
-    decompositions: Mapping[str, tuple[SubQuestion, ...]] = field(default_factory=dict)
+    decompositions: Mapping[str, tuple[DecompositionStep, ...]] = field(default_factory=dict)
     """task_id -> the dataset's decomposition, where it has one (the scripted oracle uses it)."""
 
     @property
@@ -234,7 +234,7 @@ def _musique_type(task_id: str) -> tuple[str, int | None]:
 
 # --- converters: one native record -> (QATask, decomposition) ---------------------------------
 
-Parsed = tuple[QATask, tuple[SubQuestion, ...]]
+Parsed = tuple[QATask, tuple[DecompositionStep, ...]]
 Converter = Callable[[Mapping[str, Any], int, str], Parsed]
 
 
@@ -264,7 +264,7 @@ def _from_musique(record: Mapping[str, Any], index: int, name: str) -> Parsed:
     task_id = str(record["id"])
     question_type, n_hops = _musique_type(task_id)
     steps = tuple(
-        SubQuestion(question=str(step["question"]), answer=str(step["answer"]))
+        DecompositionStep(question=str(step["question"]), answer=str(step["answer"]))
         for step in record.get("question_decomposition") or ()
     )
     return (
@@ -348,10 +348,10 @@ def _from_flashrag(record: Mapping[str, Any], index: int, name: str) -> Parsed:
         question_type, n_hops = _musique_type(task_id)
     dataset = str(record.get("dataset") or record.get("data_source") or name)
     decomposition = record.get("decomposition")  # the synthetic world's export
-    steps: tuple[SubQuestion, ...] = ()
+    steps: tuple[DecompositionStep, ...] = ()
     if isinstance(decomposition, Mapping):
         steps = tuple(
-            SubQuestion(question=str(s["query"]), answer=str(s["answer"]))
+            DecompositionStep(question=str(s["query"]), answer=str(s["answer"]))
             for s in decomposition.get("steps", ())
         )
     return (
@@ -424,7 +424,7 @@ def _format_of_record(record: Mapping[str, Any]) -> str | None:
 
 def _check_format(fmt: str) -> _Format:
     if fmt not in FORMATS:
-        raise UnknownNameError(_unknown(fmt, FORMATS, "format"))
+        raise UnknownBenchmarkNameError(_unknown(fmt, FORMATS, "format"))
     return FORMATS[fmt]
 
 
@@ -563,7 +563,7 @@ def records_to_dataset(
     spec = _check_format(fmt)
     name = name or spec.dataset
     tasks: list[QATask] = []
-    decompositions: dict[str, tuple[SubQuestion, ...]] = {}
+    decompositions: dict[str, tuple[DecompositionStep, ...]] = {}
     first_seen: dict[str, str] = {}
     for index, (where, record) in enumerate(records):
         if limit is not None and index >= limit:
@@ -620,7 +620,7 @@ def load_file(
 
     Raises:
         DatasetFormatError: the file is missing, unreadable, or not in the format.
-        UnknownNameError: `format` is not a known format.
+        UnknownBenchmarkNameError: `format` is not a known format.
     """
     path = Path(path)
     if path.is_dir():
@@ -755,7 +755,7 @@ def load_hub(
     Raises:
         DatasetUnavailable: the hub cannot be reached (offline) or has no such repo; the
             message says how to use local files instead.
-        UnknownNameError: the repo has no such config or split.
+        UnknownBenchmarkNameError: the repo has no such config or split.
         DatasetFormatError: the records are not in the format.
     """
     if not Path(repo).is_dir():
@@ -769,7 +769,7 @@ def load_hub(
     except (ConnectionError, FileNotFoundError) as err:
         raise DatasetUnavailable(f"{_hub_error_hint(repo, config, split)} Cause: {err}") from err
     except ValueError as err:  # unknown config or split; `datasets` lists the valid ones
-        raise UnknownNameError(f"{repo}: {err}") from err
+        raise UnknownBenchmarkNameError(f"{repo}: {err}") from err
     location = f"{repo}" + (f":{config}" if config else "") + f"@{split}"
     if limit is not None:
         data = data.select(range(min(limit, len(data))))
@@ -805,12 +805,12 @@ def load_named(
         cache_dir: the `datasets` cache folder.
 
     Raises:
-        UnknownNameError: the name is not registered (with the closest names).
+        UnknownBenchmarkNameError: the name is not registered (with the closest names).
         DatasetUnavailable: offline and no `hub_path`.
     """
     key = ALIASES.get(name, name)
     if key not in DATASETS:
-        raise UnknownNameError(_unknown(name, [*DATASETS, "synthetic"], "dataset"))
+        raise UnknownBenchmarkNameError(_unknown(name, [*DATASETS, "synthetic"], "dataset"))
     spec = DATASETS[key]
     return load_hub(
         str(hub_path) if hub_path is not None else spec.repo,
@@ -835,7 +835,7 @@ def combine(parts: Sequence[LoadedDataset]) -> LoadedDataset:
     if len(parts) == 1:
         return parts[0]
     tasks: dict[str, QATask] = {}
-    decompositions: dict[str, tuple[SubQuestion, ...]] = {}
+    decompositions: dict[str, tuple[DecompositionStep, ...]] = {}
     n_dropped = 0
     for part in parts:
         for task in part.tasks:

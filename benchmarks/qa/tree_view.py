@@ -11,6 +11,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tyro
@@ -151,7 +152,13 @@ def save_picture(tree: RolloutTree, path: Path) -> None:
                 color="0.6", lw=0.8, zorder=1)  # fmt: skip
     leaf = np.array([n.is_leaf for n in tree.nodes])
     colour = np.where(np.isnan(values), 0.5, values)
-    kwargs = {"cmap": "RdYlGn", "vmin": 0.0, "vmax": 1.0, "edgecolors": "k", "zorder": 2}
+    kwargs: dict[str, Any] = {
+        "cmap": "RdYlGn",
+        "vmin": 0.0,
+        "vmax": 1.0,
+        "edgecolors": "k",
+        "zorder": 2,
+    }
     points = ax.scatter(x[~leaf], y[~leaf], c=colour[~leaf], s=120, marker="o", **kwargs)
     ax.scatter(x[leaf], y[leaf], c=colour[leaf], s=60, marker="s", **kwargs)
     fig.colorbar(points, ax=ax, label="V̂ (mean leaf reward below)")

@@ -11,8 +11,8 @@ The simulated policy (docs/trace_alloc.md, "Simulation benchmark"):
   effective ratio (uniform, G = 8) falls inside the paper's GRPO range, 26.8-42.8 %.
 - **Turns.** Each search turn moves the success probability as a martingale,
   V' ~ Beta(κ V, κ (1 − V)), so E[V' | V] = V and V_t (1 − V_t) is exactly the contrast left
-  (trace_paper.md §2.4). The agent answers with a hazard that grows with the searches done and
-  with V; the terminal reward is Bernoulli(V). Search turns cost one tool call.
+  (the paper's theory section). The agent answers with a hazard that grows with the searches
+  done and with V; the terminal reward is Bernoulli(V). Search turns cost one tool call.
 - **Text.** Question text carries type, hops, topic and invented names. Each observation
   lists three document titles, on-topic with probability V', plus a noisy bucket word of
   logit V'. So the real predictor (`trace_alloc.MLPPredictor` on hashed n-grams) has something
@@ -152,7 +152,7 @@ class Question:
     difficulty: float
 
 
-class World:
+class SimWorld:
     """The question bank and the policy's ability schedule."""
 
     def __init__(self, args: Args) -> None:
@@ -204,7 +204,7 @@ class SimExecutor:
     records the true success probability of every history it creates (`truth`), for the oracle.
     """
 
-    def __init__(self, world: World, step: int, rng: np.random.Generator, kappa: float) -> None:
+    def __init__(self, world: SimWorld, step: int, rng: np.random.Generator, kappa: float) -> None:
         self.world = world
         self.theta = world.ability(step)
         self.rng = rng
@@ -278,7 +278,7 @@ class SimExecutor:
 class OraclePredictor:
     """Knows the true success probability of every history the simulator made (upper bound)."""
 
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: SimWorld) -> None:
         self.world = world
         self.executor: SimExecutor | None = None
 
@@ -389,7 +389,7 @@ def make_predictor(args: Args, *, memory: bool) -> Predictor:
 
 def run_variant(
     variant: str,
-    world: World,
+    world: SimWorld,
     args: Args,
     budget: BudgetLimit,
     tokens_per_leaf: float,
@@ -446,7 +446,7 @@ def run_variant(
     return series
 
 
-def pilot_tokens_per_leaf(world: World, args: Args) -> float:
+def pilot_tokens_per_leaf(world: SimWorld, args: Args) -> float:
     """Mean generated tokens of one uniform rollout over the first steps' pools."""
     budget = BudgetLimit(per_step=args.leaves_per_step)
     spent = []
@@ -500,14 +500,14 @@ def _mean(values: Sequence[float]) -> float:
 
 def run_world(
     args: Args, variants: Sequence[str], tokens_variants: Sequence[str]
-) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, Series]], dict[str, int]]:
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, Series]], dict[str, float]]:
     """Every variant on one world, leaves then tokens; GRPO at equal prompts follows TRACE.
 
     Returns:
         `(table, runs, budget)`: per currency and variant the summary and the series, and the
         per-step budgets.
     """
-    world = World(args)
+    world = SimWorld(args)
     tokens_per_leaf = pilot_tokens_per_leaf(world, args)
     budgets = {
         "leaves": BudgetLimit(currency="leaves", per_step=args.leaves_per_step),

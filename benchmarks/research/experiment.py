@@ -545,7 +545,7 @@ def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     grouped: dict[str, list[dict[str, Any]]] = {}
     for summary in runs.values():
         grouped.setdefault(summary["cell"], []).append(summary)
-    cells = {}
+    cells: dict[str, dict[str, Any]] = {}
     for cell, members in sorted(grouped.items()):
         keys = ("em", "f1", "fresh_em", "fresh_f1", "effective_ratio", "mixed_anchors",
                 "mixed_prefix_anchors", "brier", "auc", "auc_root", "signal_leaves",
@@ -560,7 +560,7 @@ def _paired(runs: dict[str, dict[str, Any]], series: str, method: str) -> dict[s
     """`method` minus GRPO, seed by seed (same data order and eval draws), on held-out EM."""
     from scipy import stats
 
-    by_seed = {}
+    by_seed: dict[int, dict[str, dict[str, Any]]] = {}
     for s in runs.values():
         if s["group"] == "main" and s["series"] == series:
             by_seed.setdefault(s["seed"], {})[s["label"]] = s

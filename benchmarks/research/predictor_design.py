@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from benchmarks.meta import run_meta
 from benchmarks.research.alloc_sim import Args as SimArgs
-from benchmarks.research.alloc_sim import SimExecutor, World
+from benchmarks.research.alloc_sim import SimExecutor, SimWorld
 from trace_alloc import (
     BudgetLimit,
     Featurizer,
@@ -111,7 +111,7 @@ def simulate(args: Args) -> list[StepData]:
     """random_tree steps on the simulated agent, with the true V of every node."""
     # the single-pass world its recorded figures were measured on (no question recurs)
     sim = SimArgs(steps=args.steps, seed=args.seed, pool_size=128, n_questions=4000)
-    world = World(sim)
+    world = SimWorld(sim)
     allocator = make_allocator("random_tree")
     data = []
     for step in range(args.steps):
@@ -136,7 +136,7 @@ def simulate(args: Args) -> list[StepData]:
     return data
 
 
-def evaluate(make: Callable[[], MLPPredictor], data: list[StepData]) -> dict[str, float]:
+def evaluate_predictor(make: Callable[[], MLPPredictor], data: list[StepData]) -> dict[str, float]:
     """Prequential scores of one design, averaged over the second half of the steps."""
     predictor = make()
     rows: list[dict[str, float]] = []
@@ -185,10 +185,10 @@ def main(args: Args) -> dict[str, Any]:
     for name, make in tqdm(
         designs.items(), desc="designs", disable=not args.progress, file=sys.stderr
     ):
-        results[name] = evaluate(make, data)
+        results[name] = evaluate_predictor(make, data)
     featurize_s = {"hashed": hashed.seconds, "hashed head only": head_only.seconds}
     if args.minilm:
-        featurize_s["MiniLM"] = minilm.seconds
+        featurize_s["MiniLM"] = minilm.seconds  # type: ignore[possibly-undefined]  # same test
     n_histories = len({h for s in data for h in s.histories})
     return {
         "designs": results,

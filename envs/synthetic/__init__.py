@@ -1,4 +1,4 @@
-"""The embedded default task: a seeded synthetic multi-hop world (DESIGN §4)."""
+"""The embedded default task: a seeded synthetic multi-hop world (docs/design.md §4)."""
 
 from envs.synthetic.config import WorldConfig
 from envs.synthetic.entities import Entity, EntityKind

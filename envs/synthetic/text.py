@@ -256,7 +256,7 @@ def _distractors(writer: _Writer, n: int, names: NameMaker) -> list[tuple[str, s
     for e in writer.by_id.values():
         by_kind.setdefault(e.kind, []).append(e)
     people, cities = by_kind["person"], by_kind["city"]
-    out = []
+    out: list[tuple[str, str]] = []
     for i in range(n):
         kind = i % 4
         year = d.between(1950, 2020)

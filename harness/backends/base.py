@@ -11,7 +11,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from harness.errors import HarnessError
+from harness.errors import BackendUnavailable
 
 __all__ = [
     "BackendUnavailable",
@@ -22,11 +22,7 @@ __all__ = [
 ]
 
 STOP_STRINGS: tuple[str, ...] = ("</search>", "</answer>")
-"""An action ends at the first of these (DESIGN §2)."""
-
-
-class BackendUnavailable(HarnessError, ImportError):
-    """A backend's optional dependency is missing; the message names the extra to install."""
+"""An action ends at the first of these (docs/design.md §2)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -31,7 +31,7 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -406,7 +406,10 @@ def _retry_after(response: httpx.Response, *, default: float, cap: float) -> flo
         return default
 
 
-def _run_sync(coro: Awaitable[list[Any]]) -> list[Any]:
+_T = TypeVar("_T")
+
+
+def _run_sync(coro: Awaitable[_T]) -> _T:
     try:
         asyncio.get_running_loop()
     except RuntimeError:

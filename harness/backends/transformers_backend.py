@@ -24,7 +24,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
@@ -123,12 +123,13 @@ class TransformersBackend:
         if isinstance(tokenizer, str | Path):
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.model = model.to(device).eval()
-        self.tokenizer = tokenizer
+        # (a str or Path was loaded just above)
+        self.tokenizer = cast("PreTrainedTokenizerBase", tokenizer)
         self.device = torch.device(device)
         self.batch_size = batch_size
         self._rng = torch.Generator().manual_seed(seed)
-        self._eos_ids = _eos_ids(model, tokenizer)
-        self._pad_id = _first_not_none(tokenizer.pad_token_id, *sorted(self._eos_ids), 0)
+        self._eos_ids = _eos_ids(model, self.tokenizer)
+        self._pad_id = _first_not_none(self.tokenizer.pad_token_id, *sorted(self._eos_ids), 0)
         self._keeps_last_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._matchers: dict[tuple[str, ...], _StopMatcher] = {}
 

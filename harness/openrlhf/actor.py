@@ -115,7 +115,7 @@ class TreeActorPPOTrainer(ActorPPOTrainer):
         )
 
 
-class TreePolicyModelActorBase(_plain_class(PolicyModelActor)):
+class TreePolicyModelActorBase(_plain_class(PolicyModelActor)):  # type: ignore[misc]
     """OpenRLHF's `PolicyModelActor` with the two changes of the module docstring."""
 
     def init_model_from_pretrained(

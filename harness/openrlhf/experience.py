@@ -1,6 +1,6 @@
 """Leaves of rollout trees as OpenRLHF `Experience`s, with their tree advantages already inside.
 
-Each leaf is trained as its own root-to-leaf token sequence (DESIGN §1). The layout is the one
+Each leaf is trained as its own root-to-leaf sequence (docs/design.md §1). The layout is the one
 OpenRLHF's `SamplesGenerator._process_response_into_experience` gives a multi-turn response
 (0.11.2, samples_generator.py), so every downstream piece (micro-batching, the actor's log-prob
 forward, the replay buffer, `PolicyLoss`) reads it unchanged:

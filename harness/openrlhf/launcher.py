@@ -148,6 +148,7 @@ def parse_openrlhf_args(argv: Sequence[str]) -> Any:
         raise HarnessError(
             f"{script.__file__} has no `if __name__ == '__main__':` block to take its parser from"
         )
+    assert isinstance(block, ast.If)  # _is_main_guard matched it
     code = compile(ast.Module(body=block.body, type_ignores=[]), script.__file__, "exec")
     parsed: list[Any] = []
     namespace = dict(vars(script))
@@ -319,7 +320,7 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
     from ray.util.placement_group import placement_group
 
     from harness.openrlhf.actor import TreePolicyModelActor
-    from harness.openrlhf.trainer import TreePPOTrainer
+    from harness.openrlhf.tree_trainer import TreePPOTrainer
 
     if not ray.is_initialized():
         ray.init(runtime_env=ray_runtime_env(os.environ))

@@ -64,7 +64,8 @@ def read_prompt_file(args: Any) -> PromptList:
             f"--data.prompt_dataset {path}: a rehearsal reads a local JSON-lines file "
             "(scripts/prepare_hotpotqa.py and scripts/gpu_smoke_data.py write one)"
         )
-    prompts, labels = [], []
+    prompts: list[Any] = []
+    labels: list[Any] = []
     with path.open(encoding="utf-8") as lines:
         for number, line in enumerate(lines, start=1):
             if len(prompts) >= args.data.max_samples:

@@ -3,7 +3,7 @@
 OpenRLHF 0.11.2's `SamplesGenerator.generate_samples` sends each prompt to one vLLM engine for
 `--rollout.n_samples_per_prompt` independent agent runs. A TRACE step is different: the allocator
 decides, wave by wave, how many rollouts each prompt of the pool gets and at which turn prefixes
-the trees fork (DESIGN §1), so the number of leaves per prompt varies. This subclass therefore
+the trees fork (docs/design.md §1), so the number of leaves per prompt varies. So this subclass
 replaces generation with one call to `harness.engine.TreeRolloutEngine.run_step`, whose policy is
 `RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and keeps in sync; after the
 step it:
@@ -375,7 +375,8 @@ class TreeSamplesGenerator(SamplesGenerator):
             state["backend_rng"] = self.backend.rng_state()
 
         def write(tmp: Path) -> None:
-            np.savez(tmp / "predictor.npz", **self.predictor.state_dict())
+            arrays: dict[str, Any] = dict(self.predictor.state_dict())
+            np.savez(tmp / "predictor.npz", **arrays)
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
         write_dir_atomic(directory, write)

@@ -6,26 +6,26 @@ checkpoint selection, held-out evaluation) or reuses the cached one, and returns
 """
 
 from harness.tiny_policy.config import (
-    DemoConfig,
+    DemonstrationConfig,
     EnvSettings,
-    EvalConfig,
     InitModelArgs,
     ModelConfig,
     SFTConfig,
     TinyPolicyConfig,
+    WarmStartEvalConfig,
 )
 from harness.tiny_policy.pipeline import PolicyArtifacts, init_model, is_hard, load_artifacts
 from harness.tiny_policy.report import summary_table
 
 __all__ = [
-    "DemoConfig",
+    "DemonstrationConfig",
     "EnvSettings",
-    "EvalConfig",
     "InitModelArgs",
     "ModelConfig",
     "PolicyArtifacts",
     "SFTConfig",
     "TinyPolicyConfig",
+    "WarmStartEvalConfig",
     "init_model",
     "is_hard",
     "load_artifacts",

@@ -24,13 +24,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RECIPE_VERSION",
-    "DemoConfig",
+    "DemonstrationConfig",
     "EnvSettings",
-    "EvalConfig",
     "InitModelArgs",
     "ModelConfig",
     "SFTConfig",
     "TinyPolicyConfig",
+    "WarmStartEvalConfig",
     "default_world_config",
 ]
 
@@ -45,7 +45,7 @@ class EnvSettings:
     max_turns: int = 8
     """Actions per episode: room for a 4-hop question, one wrong query and a re-query."""
     top_k: int = 2
-    """Documents per search. Two keep observations short (research/tiny_policy.md)."""
+    """Documents per search. Two keep observations short (docs/tiny_policy.md)."""
     max_doc_chars: int = 240
     """Each document is cut to this many characters."""
     prompt_template: str = "Question: {question}\n"
@@ -73,8 +73,8 @@ class ModelConfig:
     """Shape of the tiny Qwen3 policy.
 
     The default (hidden 192, 3 layers, about 1.8M parameters with a 2k vocabulary) comes from
-    `research/tiny_policy.md`: at equal wall time on 2 cores it took twice the optimizer steps
-    of a 3.9M model and reached a far lower loss.
+    docs/tiny_policy.md ("The feasibility study"): at equal wall time on 2 cores it took twice
+    the optimizer steps of a 3.9M model and reached a far lower loss.
     """
 
     hidden_size: int = 192
@@ -106,7 +106,7 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class SFTConfig:
-    """Settings of the supervised warm start (defaults: research/tiny_policy.md, run D)."""
+    """Settings of the supervised warm start (defaults: docs/tiny_policy.md)."""
 
     max_steps: int = 3600
     """Optimizer steps at most; the cosine schedule spans them (training stops early once the
@@ -151,13 +151,13 @@ class SFTConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class DemoConfig:
+class DemonstrationConfig:
     """Which demonstrations the warm start sees."""
 
     n_worlds: int = 40
     """Extra generated worlds (fresh names, same templates) whose every question is shown once:
     with them the policy learns to read names from observations instead of memorising one
-    world (research/tiny_policy.md)."""
+    world (docs/tiny_policy.md)."""
     first_world_seed: int = 1000
     """Seeds of the extra worlds are first_world_seed, first_world_seed + 1, ..."""
     target_variants: int = 1
@@ -174,7 +174,7 @@ class DemoConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EvalConfig:
+class WarmStartEvalConfig:
     """How checkpoints are picked and the result is measured."""
 
     select_on: Literal["target_dev", "unseen_world"] = "target_dev"
@@ -201,7 +201,7 @@ def default_world_config() -> WorldConfig:
     """The target world: one-sentence paragraphs and up to 40 questions per kind.
 
     One sentence per paragraph keeps observations short, the main lever on SFT steps and on
-    the policy learning to copy names from what it reads (research/tiny_policy.md); the world
+    the policy learning to copy names from what it reads (docs/tiny_policy.md); the world
     then asks 2-hop, 3-hop and 4-hop bridges and comparisons (no inference kinds: their facts
     need a second sentence), which spreads difficulty across kinds. 40 questions per kind
     give 365 questions, 79 of them held out.
@@ -220,9 +220,9 @@ class TinyPolicyConfig:
     vocab_size: int = 2048
     """Byte-level BPE vocabulary, tags and special tokens included."""
     model: ModelConfig = field(default_factory=ModelConfig)
-    demos: DemoConfig = field(default_factory=DemoConfig)
+    demos: DemonstrationConfig = field(default_factory=DemonstrationConfig)
     sft: SFTConfig = field(default_factory=SFTConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: WarmStartEvalConfig = field(default_factory=WarmStartEvalConfig)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (tuples become lists)."""
@@ -241,9 +241,9 @@ class TinyPolicyConfig:
             env=EnvSettings(**record["env"]),
             vocab_size=record["vocab_size"],
             model=ModelConfig(**record["model"]),
-            demos=DemoConfig(**record["demos"]),
+            demos=DemonstrationConfig(**record["demos"]),
             sft=SFTConfig(**sft),
-            eval=EvalConfig(**record["eval"]),
+            eval=WarmStartEvalConfig(**record["eval"]),
         )
 
     @property

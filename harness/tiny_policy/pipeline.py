@@ -207,6 +207,48 @@ def load_artifacts(run_dir: str | Path) -> PolicyArtifacts:
     return PolicyArtifacts.from_json(json.loads(path.read_text()), policy_dir)
 
 
+def _reuse(config: TinyPolicyConfig, policy_dir: Path) -> PolicyArtifacts | None:
+    """The policy cached in `policy_dir`, else the shipped warm start, for this config hash."""
+    cached = _read_cached(policy_dir, config.config_hash)
+    if cached is not None:
+        log.info("reusing the cached tiny policy at %s (config %s)", policy_dir, cached.config_hash)
+        return cached
+    if _read_record(SHIPPED_DIR, config.config_hash) is None:
+        return None
+    tmp = _fresh_tmp(policy_dir)
+    shutil.copytree(SHIPPED_DIR, tmp, dirs_exist_ok=True)
+    _replace_dir(tmp, policy_dir)
+    log.info(
+        "using the shipped warm start (config %s); `tracerl init-model --force` "
+        "rebuilds it from scratch",
+        config.config_hash,
+    )
+    shipped = _read_cached(policy_dir, config.config_hash)
+    assert shipped is not None  # just copied, hash checked
+    return dataclasses.replace(shipped, shipped=True)
+
+
+def _sft_record(result: Any, chosen: Any, *, n_demos: int, n_tokens: int) -> dict[str, Any]:
+    """The warm start's record in `tiny_policy.json` (`SFTResult` and the chosen checkpoint)."""
+    return {
+        "n_params": result.n_params,
+        "n_demos": n_demos,
+        "n_demo_tokens": n_tokens,
+        "n_steps": result.n_steps,
+        "wall_s": round(result.wall_s, 1),
+        "tokens_per_s": round(result.tokens_per_s),
+        "stopped_early": result.stopped_early,
+        "selected_step": chosen.step,
+        "selected_dev_em": chosen.dev_em,
+        "selected_unseen_em": chosen.reading_em,
+        "dev_curve": [
+            {"step": c.step, "dev_em": c.dev_em, "unseen_em": c.reading_em}
+            for c in result.checkpoints
+        ],
+        "log": list(result.log),
+    }
+
+
 def init_model(
     config: TinyPolicyConfig | None = None,
     run_dir: str | Path = "runs/demo",
@@ -230,25 +272,8 @@ def init_model(
     config = config or TinyPolicyConfig()
     root = Path(run_dir) / "tiny_policy"
     policy_dir = root / "policy"
-    if not force:
-        cached = _read_cached(policy_dir, config.config_hash)
-        if cached is not None:
-            log.info(
-                "reusing the cached tiny policy at %s (config %s)", policy_dir, cached.config_hash
-            )
-            return cached
-        if _read_record(SHIPPED_DIR, config.config_hash) is not None:
-            tmp = _fresh_tmp(policy_dir)
-            shutil.copytree(SHIPPED_DIR, tmp, dirs_exist_ok=True)
-            _replace_dir(tmp, policy_dir)
-            log.info(
-                "using the shipped warm start (config %s); `tracerl init-model --force` "
-                "rebuilds it from scratch",
-                config.config_hash,
-            )
-            shipped = _read_cached(policy_dir, config.config_hash)
-            assert shipped is not None  # just copied, hash checked
-            return dataclasses.replace(shipped, shipped=True)
+    if not force and (reused := _reuse(config, policy_dir)) is not None:
+        return reused
 
     import torch
 
@@ -338,25 +363,9 @@ def init_model(
     for name, value in evals.items():
         log.info("%s: EM %.3f %s", name, value.em, _rounded(value.em_by_kind))
 
-    sft = {
-        "n_params": result.n_params,
-        "n_demos": len(encoded),
-        "n_demo_tokens": n_tokens,
-        "n_steps": result.n_steps,
-        "wall_s": round(result.wall_s, 1),
-        "tokens_per_s": round(result.tokens_per_s),
-        "stopped_early": result.stopped_early,
-        "selected_step": chosen.step,
-        "selected_dev_em": chosen.dev_em,
-        "selected_unseen_em": chosen.reading_em,
-        "dev_curve": [
-            {"step": c.step, "dev_em": c.dev_em, "unseen_em": c.reading_em}
-            for c in result.checkpoints
-        ],
-        "log": list(result.log),
-        "n_threads": torch.get_num_threads(),
-        "total_wall_s": round(time.perf_counter() - started, 1),
-    }
+    sft = _sft_record(result, chosen, n_demos=len(encoded), n_tokens=n_tokens)
+    sft["n_threads"] = torch.get_num_threads()
+    sft["total_wall_s"] = round(time.perf_counter() - started, 1)
     artifacts = PolicyArtifacts(
         policy_dir=policy_dir,
         config=config,

@@ -112,7 +112,8 @@ def train_sft(
     if not demos:
         raise ValueError("no demonstrations to train on")
     rng = random.Random(config.seed)
-    decay, no_decay = [], []
+    decay: list[Any] = []
+    no_decay: list[Any] = []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
     optim = torch.optim.AdamW(

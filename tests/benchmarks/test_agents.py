@@ -304,7 +304,7 @@ def _report(out: Path) -> dict:
 def test_tracerl_bench_with_a_local_transformers_model(tmp_path, parrot_dir, toy_files) -> None:
     tasks, corpus = toy_files
     args = ["--agent", "transformers", "--model", str(parrot_dir), "--data-file", str(tasks),
-            "--corpus", str(corpus), "--topk", "1", "--prompt-template", TEMPLATE,
+            "--corpus", str(corpus), "--top-k", "1", "--prompt-template", TEMPLATE,
             "--max-new-tokens", "24", "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
     assert bench(args) == 0  # in-process: what `tracerl bench` runs
     report = _report(tmp_path / "out")["reports"][0]
@@ -327,7 +327,7 @@ def test_tracerl_bench_with_vllm_offline(tmp_path, parrot_dir, toy_files) -> Non
     # ~1 min: vLLM's engine start-up on CPU
     tasks, corpus = toy_files
     args = ["--agent", "vllm", "--model", str(parrot_dir), "--data-file", str(tasks),
-            "--corpus", str(corpus), "--topk", "1", "--prompt-template", TEMPLATE,
+            "--corpus", str(corpus), "--top-k", "1", "--prompt-template", TEMPLATE,
             "--max-new-tokens", "24", "--max-context-tokens", "512",
             "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip
     proc = _bench(args, tmp_path)
@@ -496,7 +496,7 @@ def test_tracerl_bench_with_an_openai_compatible_server(
     url, stub = stub_server
     tasks, corpus = toy_files
     args = ["--agent", "openai", "--model", "stub", "--base-url", url, "--data-file", str(tasks),
-            "--corpus", str(corpus), "--topk", "1", "--prompt-template", TEMPLATE,
+            "--corpus", str(corpus), "--top-k", "1", "--prompt-template", TEMPLATE,
             "--concurrency", "2", "--out", str(tmp_path / "out"), "--no-progress",
             "--json"]  # fmt: skip
     assert bench(args) == 0  # in-process: the stub server runs in this process's thread

@@ -103,7 +103,8 @@ def test_real_data_corpus_index_and_bench(
     payload = json.loads((tmp_path / "out" / "report.json").read_text())
     expected = _expected_counts(shared_data)
     n_total = sum(expected.values())
-    assert n_total == 975 + 292 + 164  # SOURCES.md: unique dev questions
+    # unique dev questions (docs/benchmarks.md, "The real dev samples")
+    assert n_total == 975 + 292 + 164
     for report in payload["reports"]:
         counts = {tuple(k.split("/", 1)): v["n"] for k, v in report["by_type"].items()}
         assert counts == expected
@@ -127,7 +128,7 @@ def test_real_data_corpus_index_and_bench(
     sources = payload["meta"]["dataset"]["sources"]
     hashes = {Path(s["location"]).name: s["sha256"] for s in sources}
     assert hashes["musique_ans_v1.0_dev.kag100.json"] == (
-        "7ee7b3f9533586b38d8ebe579dcb8d3daa8f52600b7777a6daa085ccac470467"  # SOURCES.md
+        "7ee7b3f9533586b38d8ebe579dcb8d3daa8f52600b7777a6daa085ccac470467"  # the file's sha256
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownNameError
+from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownBenchmarkNameError
 from benchmarks.qa.qa_datasets import (
     combine,
     detect_format,
@@ -21,7 +21,7 @@ from benchmarks.qa.qa_datasets import (
     load_named,
 )
 
-# --- the real shared samples (counts from ../shared/data/SOURCES.md) ---------------------------
+# --- the real dev samples (docs/benchmarks.md, "The real dev samples") ------------------------
 
 REAL = {
     "hotpotqa/hotpot_dev_distractor.rpt_sample500.hf.jsonl": (
@@ -236,7 +236,7 @@ def test_format_override_and_unknown_format(tmp_path: Path) -> None:
     path = tmp_path / "x.jsonl"
     path.write_text(json.dumps({"id": "1", "question": "Q", "answer": ["a"]}) + "\n")
     assert load_file(path, format="nq-open").tasks[0].task_id == "1"
-    with pytest.raises(UnknownNameError, match="Did you mean 'nq-open'"):
+    with pytest.raises(UnknownBenchmarkNameError, match="Did you mean 'nq-open'"):
         load_file(path, format="nq_open")
     with pytest.raises(DatasetFormatError, match="missing field 'golden_answers'"):
         load_file(path, format="flashrag")
@@ -283,7 +283,7 @@ def test_combining_overlapping_hotpotqa_samples_keeps_975_unique(shared_data: Pa
         )
     ]
     combined = combine(parts)
-    assert len(combined.tasks) == 975  # SOURCES.md: 975 unique HotpotQA dev questions
+    assert len(combined.tasks) == 975  # docs/benchmarks.md, "The real dev samples"
     assert len(combined.sources) == 3
 
 
@@ -348,14 +348,14 @@ def test_hub_loading_from_a_local_repo_folder(tmp_path: Path) -> None:
     named = load_named("musique", hub_path=hub, cache_dir=cache)
     assert named.name == "musique"
     assert (named.tasks[0].question_type, named.tasks[0].n_hops) == ("3hop1", 3)
-    with pytest.raises(UnknownNameError, match="nope"):
+    with pytest.raises(UnknownBenchmarkNameError, match="nope"):
         load_hub(str(hub), config="nope", split="dev", cache_dir=cache)
-    with pytest.raises(UnknownNameError, match="train"):
+    with pytest.raises(UnknownBenchmarkNameError, match="train"):
         load_hub(str(hub), config="musique", split="train", cache_dir=cache)
 
 
 def test_unknown_dataset_name_suggests_the_closest() -> None:
-    with pytest.raises(UnknownNameError, match="Did you mean 'hotpotqa'"):
+    with pytest.raises(UnknownBenchmarkNameError, match="Did you mean 'hotpotqa'"):
         load_named("hotpot_qa")
 
 

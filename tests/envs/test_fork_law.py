@@ -1,4 +1,4 @@
-"""The fork law (DESIGN §3) as a Hypothesis state machine.
+"""The fork law (docs/design.md §3) as a Hypothesis state machine.
 
 An original env is driven by random actions (valid searches and answers, invalid text, resets
 with and without a seed). Along the way the machine makes copies of it: forks, forks of forks,

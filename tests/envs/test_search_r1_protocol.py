@@ -1,7 +1,8 @@
 """The search-r1 protocol reproduces Search-R1's rollout text byte for byte.
 
 The expected transcripts are written by hand from Search-R1's format rules (its rollout loop in
-`search_r1/llm_agent/generation.py` and its prompt in `scripts/data_process/nq_search.py`):
+`search_r1/llm_agent/generation.py` and its prompt in
+`Search-R1/scripts/data_process/nq_search.py`):
 
 - prompt: the instruction text, then `Question: {question}\\n`, the question stripped and ended
   with "?";

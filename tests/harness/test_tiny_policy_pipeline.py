@@ -14,13 +14,13 @@ from envs import WorldConfig
 from envs.tasks import QATask
 from harness.cli import main as tracerl
 from harness.tiny_policy import (
-    DemoConfig,
+    DemonstrationConfig,
     EnvSettings,
-    EvalConfig,
     ModelConfig,
     PolicyArtifacts,
     SFTConfig,
     TinyPolicyConfig,
+    WarmStartEvalConfig,
     init_model,
     is_hard,
     load_artifacts,
@@ -42,10 +42,12 @@ SMALL = TinyPolicyConfig(
     ),
     vocab_size=600,
     model=ModelConfig(hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128),
-    demos=DemoConfig(n_worlds=1, target_variants=1),
+    demos=DemonstrationConfig(n_worlds=1, target_variants=1),
     sft=SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
     env=EnvSettings(max_turns=4),
-    eval=EvalConfig(n_unseen_questions=4, n_dev_samples=1, n_samples=2, max_action_tokens=16),
+    eval=WarmStartEvalConfig(
+        n_unseen_questions=4, n_dev_samples=1, n_samples=2, max_action_tokens=16
+    ),
 )
 
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace as NS
 
 import pytest
 
-from harness.openrlhf.trainer import TreePPOTrainerBase
+from harness.openrlhf.tree_trainer import TreePPOTrainerBase
 
 
 def fake_trainer(tmp_path, calls, *, save_steps, eval_steps):

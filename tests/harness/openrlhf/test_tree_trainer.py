@@ -23,7 +23,7 @@ from harness.metrics_log import rollout_metrics
 from harness.openrlhf.config import TreeTrainConfig
 from harness.openrlhf.experience import experiences_from_leaves, pad_to_multiple
 from harness.openrlhf.launcher import parse_openrlhf_args
-from harness.openrlhf.trainer import TreePPOTrainer, TreePPOTrainerBase
+from harness.openrlhf.tree_trainer import TreePPOTrainer, TreePPOTrainerBase
 from harness.tiny_policy.model import ModelConfig, build_model, save_policy
 from harness.tiny_policy.tokenizer import train_tokenizer
 from retrieval.base import Document
@@ -227,7 +227,8 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
     assert all(size % 4 == 0 and size > 0 for size in sizes)
 
     # the last step's advantages are exactly trace_alloc's tree advantages, leaf by leaf (the
-    # leaves with signal; fillers have action mask 0, docs/decisions.md D13)
+    # leaves with signal; fillers have action mask 0,
+    # docs/decisions.md, "One objective")
     step = generator.last_step
     kept = [step.trees[i] for i in step.train_indices]
     expected = pad_to_multiple(
