@@ -78,9 +78,9 @@ def test_leaf_budget_is_never_exceeded_and_spent_when_feasible(name, per_step, p
     assert result.spent.n_leaves <= per_step
     assert result.carry == result.spent.n_leaves - per_step
     if name == "trace" and per_step >= 2:
-        # prefixes absorb any budget; one-turn episodes have none, so the roots take it up
-        # to their caps
-        expected = per_step if n_turns > 1 else min(per_step, 16 * pool)
+        # each tree's prefixes absorb up to m_i N = m_i continuations; one-turn episodes have
+        # none, so the roots take it up to their caps
+        expected = min(per_step, (2 if n_turns > 1 else 1) * 16 * pool)
         assert result.spent.n_leaves == expected
 
 
