@@ -533,9 +533,7 @@ class Trace:
             m = np.array([len(view.trees[i].root.children) for i in trees], dtype=np.float64)
             shares = dict(zip(trees, split_budget(view.leaves_left, m).tolist(), strict=True))
         else:
-            quota = continuation_quota(
-                view.trees, self.continuations_per_rollout, view.leaves_left
-            )
+            quota = continuation_quota(view.trees, self.continuations_per_rollout, view.leaves_left)
             shares = {i: int(quota[i]) for i in eligible if quota[i] > 0}
         requests: list[RolloutRequest] = []
         expected_flips = 0.0
@@ -599,13 +597,12 @@ class Trace:
                 out[i] = ([n for n, k in zip(nodes, keep, strict=True) if k], q[keep])
         return out
 
-    def _top_up_roots(
-        self, view: AllocView, predictor: Predictor | None, leaves: int
-    ) -> AllocPlan:
-        """Spend `leaves` on roots: what no prefix can take (one-turn episodes, N = 0, a tree
-        whose prefixes are all mixed or under the flip floor).
+    def _top_up_roots(self, view: AllocView, predictor: Predictor | None, leaves: int) -> AllocPlan:
+        """Spend `leaves` on roots: the budget that no tree's own prefixes can take.
 
-        Stage 1 is solved again with the rollouts already made as floors.
+        That is all of it with N = 0 or one-turn episodes, and the share of any tree whose
+        prefixes are all mixed or under the flip floor. Stage 1 is solved again with the
+        rollouts already made as floors.
         """
         if leaves <= 0:
             return AllocPlan(stage="roots")
@@ -616,11 +613,13 @@ class Trace:
             return AllocPlan(requests=tuple(requests), stage="roots")
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.minimum(current, self.max_per_prompt)
+        # a small Stage-1 budget may have opened prompts below min_per_prompt (with 2)
+        lo = int(min(self.min_per_prompt, *floor[floor > 0])) if (floor > 0).any() else 0
         solution = solve_roots(
             p,
             int(floor.sum()) + leaves,
             max_per_prompt=self.max_per_prompt,
-            min_per_prompt=self.min_per_prompt,
+            min_per_prompt=max(2, lo or self.min_per_prompt),
             floor=floor,
         )
         extra = solution.m - floor
