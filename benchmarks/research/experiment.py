@@ -120,7 +120,11 @@ class ExperimentConfig:
     """A recorded `experiment-NAME.json` whose runs of `reuse_methods` are read back instead of
     trained (same run ids); valid only where those methods' code path is unchanged."""
     reuse_methods: tuple[str, ...] = ()
-    """Main-comparison methods (and `budget` labels) taken from `reuse_from` where recorded."""
+    """Main-comparison methods (and `budget` labels) taken from `reuse_from` where recorded,
+    read at step `steps` (the record must have evaluated there)."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature of the training rollouts (evaluation stays at T = 1); below 1 the
+    policy's groups agree more often: one way to make contrast scarce."""
     alloc: AllocatorSettings = field(default_factory=AllocatorSettings)
     """Every method's allocator settings (`--alloc.trace.min-per-prompt 2`); the ablations
     change theirs on top. Unchanged fields keep the run directories of earlier runs valid."""
@@ -406,6 +410,12 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
             if cached and cached.get("key") == key:
                 start_by_seed[seed] = cached["eval"]
                 continue
+            # the GRPO run evaluated its final policy already, with the same test sets
+            done = _read_json(policy.parent / "experiment_evals.json") or {}
+            if done.get("key", {}).get("eval") == key["eval"] and done.get("evals"):
+                start_by_seed[seed] = done["evals"][str(max(int(k) for k in done["evals"]))]
+                _write_json(path, {"key": key, "eval": start_by_seed[seed]})
+                continue
             log.info("evaluating seed %d's start policy %s", seed, policy)
             test_sets = _test_sets(config, artifacts)
             start_by_seed[seed] = _evaluate(policy, f"start-s{seed}", config, artifacts, test_sets)
@@ -479,6 +489,7 @@ def _train_config(
         alloc=AllocConfig.of(**dict(spec.alloc)),
         budget=BudgetConfig(currency=spec.series, per_step=per_step, pool_size=config.pool_size),
         rollout=RolloutConfig(
+            temperature=config.rollout_temperature,
             max_new_tokens=artifacts.config.eval.max_action_tokens,
             max_total_tokens=artifacts.config.model.max_positions,
         ),
@@ -501,6 +512,8 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
            "eval": _eval_key(config), "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
     if config.continue_from is not None:
         key["start_policy"] = str(context.policy_for(spec.seed))
+    if config.rollout_temperature != 1.0:
+        key["rollout_temperature"] = config.rollout_temperature
     key = json.loads(json.dumps(key))  # as it reads back (tuples become lists)
     record = _read_json(evals_path)
     if record is None:
@@ -1075,11 +1088,38 @@ def _recorded_runs(config: ExperimentConfig) -> dict[str, dict[str, Any]]:
     data = _read_json(config.reuse_from)
     if data is None:
         raise FileNotFoundError(f"--reuse-from {config.reuse_from}: not a readable JSON file")
-    return {
-        run_id: summary
-        for run_id, summary in data["runs"].items()
-        if summary["label"] in config.reuse_methods and summary["seed"] in config.seeds
-    }
+    out = {}
+    steps = config.steps
+    for run_id, summary in data["runs"].items():
+        if summary["label"] not in config.reuse_methods or summary["seed"] not in config.seeds:
+            continue
+        at = summary["evals"].get(str(steps))
+        if at is None or len(summary["effective_ratio_by_step"]) < steps:
+            raise ValueError(f"--reuse-from: {run_id} was not evaluated at step {steps}")
+        # read the record as if the run had stopped at `steps`
+        ratios = summary["effective_ratio_by_step"][:steps]
+        out[run_id] = summary | {
+            "em": at["heldout"]["em"],
+            "f1": at["heldout"]["f1"],
+            "fresh_em": at["fresh_world"]["em"],
+            "fresh_f1": at["fresh_world"]["f1"],
+            "evals": {k: v for k, v in summary["evals"].items() if int(k) <= steps},
+            "effective_ratio": sum(ratios) / len(ratios),
+            "effective_ratio_by_step": ratios,
+            "effective_ratio_first8": sum(ratios[:8]) / len(ratios[:8]),
+            "leaves_by_step": summary["leaves_by_step"][:steps],
+            "tokens_by_step": summary["tokens_by_step"][:steps],
+            "total_leaves": summary["leaves_by_step"][steps - 1],
+            "total_tokens": summary["tokens_by_step"][steps - 1],
+        }
+        if steps < len(summary["effective_ratio_by_step"]):
+            # per-step means of the whole record: not comparable, so not shown
+            whole_run = (
+                *("mixed_anchors", "mixed_prefix_anchors", "brier", "auc", "auc_root"),
+                *("signal_leaves", "rollout_accuracy", "total_tool_calls", "wall_s"),
+            )
+            out[run_id] |= dict.fromkeys(whole_run)
+    return out
 
 
 def _paired_ci(diffs: Sequence[float]) -> tuple[float | None, float | None]:
