@@ -267,6 +267,7 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
         assert 0.0 <= record["rollout/effective_ratio"] <= 1.0
         assert record["budget/leaves"] <= 8 and record["budget/tokens"] > 0
         assert {"predictor/brier", "loss/policy", "rollout/reward", "perf/step_s"} <= set(record)
+        assert {"advantage/top_tree_share", "advantage/effective_trees"} <= set(record)
     assert records[-1]["budget/total_leaves"] == sum(r["budget/leaves"] for r in records)
     assert set(rollout_metrics(step)) <= set(records[-1])  # the CPU trainer's rollout keys
     assert (trainer.state_dir(2) / "predictor.npz").is_file()
