@@ -291,6 +291,17 @@ class _Context:
     start_by_seed: dict[int, dict[str, Any]] = field(default_factory=dict)
     """`continue_from`: each seed's start policy's evaluation."""
 
+    def tokens_for(self, seed: int) -> int:
+        """The token series' budget per step for a run of `seed`.
+
+        The leaf budget times the tokens per episode of the policy it starts from (its own
+        start policy when continuing).
+        """
+        start = self.start_by_seed.get(seed)
+        if start is None:
+            return self.tokens_per_step
+        return round(self.config.leaves_per_step * start["heldout"]["tokens"])
+
     def policy_for(self, seed: int) -> Path:
         """The policy a run of `seed` starts from."""
         if self.config.continue_from is None:
@@ -468,7 +479,7 @@ def _train_config(
     )
 
     config = context.config
-    per_step = spec.per_step if spec.per_step is not None else context.tokens_per_step
+    per_step = spec.per_step if spec.per_step is not None else context.tokens_for(spec.seed)
     return TrainConfig(
         run_dir=config.out_dir / spec.run_id,
         policy=context.policy_for(spec.seed),
@@ -508,7 +519,7 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     config = context.config
     run_dir = config.out_dir / spec.run_id
     evals_path = run_dir / "experiment_evals.json"
-    key = {"spec": dataclasses.asdict(spec), "tokens_per_step": context.tokens_per_step,
+    key = {"spec": dataclasses.asdict(spec), "tokens_per_step": context.tokens_for(spec.seed),
            "eval": _eval_key(config), "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
     if config.continue_from is not None:
         key["start_policy"] = str(context.policy_for(spec.seed))
