@@ -16,17 +16,18 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 if TYPE_CHECKING:
-    from trace_alloc import StepResult
+    from trace_alloc import LeafAdvantage, RolloutTree, StepResult
     from trace_alloc.tree import Node, Turn
 
-__all__ = ["PANELS", "MetricsLog", "plot_run", "read_metrics", "rollout_metrics"]
+__all__ = ["PANELS", "MetricsLog", "advantage_metrics", "plot_run", "read_metrics",
+           "rollout_metrics", "tree_health"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ def rollout_metrics(result: StepResult) -> dict[str, float]:
             n_failed += path[-1].info.get("end") == "failed"
     mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
     return {
+        **tree_health(result.trees),
         "rollout/reward": mean(rewards),
         "rollout/accuracy": mean(ems),
         "rollout/effective_ratio": stats.effective_ratio,
@@ -82,6 +84,106 @@ def rollout_metrics(result: StepResult) -> dict[str, float]:
         "rollout/valid_action_rate": n_valid / n_actions if n_actions else float("nan"),
         "rollout/waves": len(result.waves),
         "rollout/failed_episodes": n_failed,
+    }
+
+
+def tree_health(trees: Sequence[RolloutTree]) -> dict[str, float]:
+    """How a step's leaves are spread, and how much contrast they carry (issue 20).
+
+    - `rollout/flips_per_continuation`: share of the continuations (rollouts forked from a
+      turn prefix) whose reward differs from the outcome that every earlier leaf under their
+      anchor agreed on; NaN when the step made none.
+    - `rollout/max_leaves_per_tree`: leaves of the largest tree.
+    - `rollout/reward_var_per_leaf`: the mean, over every leaf of the step, of the reward
+      variance of its tree (p (1 − p)): a contrast measure that one flip in a large tree
+      cannot inflate (one flip in 28 leaves adds 28 · 0.034 leaf-variances; a 4/8 group, 8 ·
+      0.25). At most 0.25.
+
+    >>> from trace_alloc import Rollout, RolloutTree, Turn
+    >>> t = RolloutTree(prompt_id="q", prompt_text="Q?")
+    >>> turn = Turn(action_text="s", action_token_ids=(1,))
+    >>> a = t.add_rollout(0, Rollout(turns=(turn, turn), reward=0.0))
+    >>> b = t.add_rollout(1, Rollout(turns=(turn,), reward=1.0), wave=1)  # flips
+    >>> c = t.add_rollout(1, Rollout(turns=(turn,), reward=0.0), wave=1)  # repeats
+    >>> h = tree_health([t])
+    >>> h["rollout/flips_per_continuation"], h["rollout/max_leaves_per_tree"]
+    (0.5, 3.0)
+    >>> round(h["rollout/reward_var_per_leaf"], 3)
+    0.222
+    """
+    flips = continuations = 0
+    var_sum = n_leaves = max_leaves = 0.0
+    for tree in trees:
+        leaves = tree.leaves()
+        if not leaves:
+            continue
+        rewards = np.array([tree.nodes[leaf].reward for leaf in leaves], dtype=np.float64)
+        var_sum += len(leaves) * float(rewards.var())
+        n_leaves += len(leaves)
+        max_leaves = max(max_leaves, len(leaves))
+        # leaves under each node, children after parents (ids grow down the tree)
+        under: list[list[int]] = [[] for _ in tree.nodes]
+        for node in reversed(tree.nodes):
+            if node.is_leaf:
+                under[node.node_id].append(node.node_id)
+            if node.parent_id is not None:
+                under[node.parent_id] += under[node.node_id]
+        for node in tree.nodes[1:]:
+            anchor = tree.nodes[node.parent_id]  # type: ignore[index]
+            if anchor.is_root or node.wave <= anchor.wave:
+                continue  # a root rollout, or the turn its own rollout took next
+            continuations += 1
+            leaf = node.node_id
+            while not tree.nodes[leaf].is_leaf:  # a rollout's turns have consecutive ids
+                leaf += 1
+            before = {tree.nodes[x].reward for x in under[anchor.node_id]
+                      if tree.nodes[x].wave < node.wave}  # fmt: skip
+            flips += len(before) == 1 and tree.nodes[leaf].reward not in before
+    return {
+        "rollout/flips_per_continuation": flips / continuations if continuations else math.nan,
+        "rollout/max_leaves_per_tree": float(max_leaves),
+        "rollout/reward_var_per_leaf": var_sum / n_leaves if n_leaves else math.nan,
+    }
+
+
+def advantage_metrics(
+    trees: Sequence[RolloutTree], leaves: Sequence[LeafAdvantage]
+) -> dict[str, float]:
+    """How concentrated a step's gradient weight is: the health checks of a dominated step.
+
+    A leaf's weight is Σ over its turns of |A_t| times the turn's action tokens (what the
+    token-mean loss multiplies); a tree's weight is the sum over its leaves.
+
+    - `advantage/max_abs`: the largest |A_t|;
+    - `advantage/top_tree_share`: the heaviest tree's share of the step's weight;
+    - `advantage/effective_trees`: (Σ w)² / Σ w², the number of equally weighted trees that
+      would spread the weight as evenly.
+
+    Args:
+        trees: The trees the leaves index (`LeafAdvantage.tree_index`).
+        leaves: The step's trained leaves.
+
+    Returns:
+        The three metrics; NaN when no leaf carries weight.
+    """
+    nan = math.nan
+    weight: dict[int, float] = {}
+    max_abs = 0.0
+    for leaf in leaves:
+        tree = trees[leaf.tree_index]
+        tokens = np.array([tree.nodes[n].turn.n_tokens for n in leaf.node_ids])  # type: ignore[union-attr]
+        a = np.abs(leaf.advantages)
+        max_abs = max(max_abs, float(a.max()) if a.size else 0.0)
+        weight[leaf.tree_index] = weight.get(leaf.tree_index, 0.0) + float((a * tokens).sum())
+    w = np.array(list(weight.values()))
+    total = float(w.sum()) if w.size else 0.0
+    if total <= 0:
+        return {"advantage/max_abs": nan, "advantage/top_tree_share": nan,
+                "advantage/effective_trees": nan}  # fmt: skip
+    return {
+        "advantage/max_abs": max_abs,
+        "advantage/top_tree_share": float(w.max()) / total,
+        "advantage/effective_trees": total**2 / float((w**2).sum()),
     }
 
 
@@ -151,7 +253,12 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
 # panel title -> the metric keys drawn in it
 PANELS: dict[str, tuple[str, ...]] = {
     "reward and accuracy": ("rollout/reward", "rollout/accuracy", "eval/em"),
-    "effective ratio": ("rollout/effective_ratio",),
+    "effective ratio and contrast per leaf": (
+        "rollout/effective_ratio",
+        "rollout/reward_var_per_leaf",
+        "rollout/flips_per_continuation",
+    ),
+    "gradient concentration": ("advantage/top_tree_share", "advantage/max_abs"),
     "mixed anchors": ("rollout/mixed_anchors", "rollout/mixed_prefix_anchors"),
     "predictor calibration": (
         "predictor/brier",

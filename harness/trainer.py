@@ -64,7 +64,7 @@ from harness.distributed import (
 from harness.engine import TreeRolloutEngine, leaves_to_train
 from harness.episodes import EpisodeCodec, evaluate_policy
 from harness.errors import HarnessError, ResumeError
-from harness.metrics_log import MetricsLog, rollout_metrics
+from harness.metrics_log import MetricsLog, advantage_metrics, rollout_metrics
 from harness.openrlhf_compat import openrlhf_losses
 from harness.optimizers import make_optimizer
 from harness.task_sources import Tasks, WorldStream, build_tasks
@@ -465,6 +465,7 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
     # (docs/decisions.md, "One objective"); leaves a fault ended are left out of the
     # advantages altogether (the OpenRLHF path does the same)
     signal, record["rollout/failed_leaves_excluded"] = leaves_to_train(trees, config.loss.advantage)
+    record |= advantage_metrics(trees, signal)
     leaves = [a.to_tokens(trees[a.tree_index]) for a in signal]
 
     # 5. policy update

@@ -36,6 +36,8 @@ __all__ = [
     "RandomTree",
     "Trace",
     "Uniform",
+    "check_placement",
+    "continuation_quota",
     "make_allocator",
 ]
 
@@ -395,11 +397,13 @@ class Trace:
     Stage 1 spends M = ⌈L / (1 + N)⌉ of the step's L leaves on roots: m_i ∈ {0} ∪ [min, cap]
     (min = 2 by default) maximising Σ 1 − v_i^m − (1 − v_i)^m (exact DP), with `explore_frac`
     of M reserved as floors of `min_per_prompt` rollouts on random prompts. Stage 2 gives each
-    active prompt a share ∝ m_i of the rest (m_i N in the leaf currency) and places it on the
-    prompt's unmixed, non-leaf turn prefixes, maximising Σ 1 − q^K with q = r Ṽ + (1 − r)(1 − Ṽ)
-    the chance that one continuation repeats the observed outcome r. Later waves (token
-    currency) repeat Stage 2 on the grown trees. `stage1`/`stage2 = "uniform"` are the ablation
-    switches.
+    active prompt its own share ∝ m_i of the rest (exactly m_i N in the leaf currency, at most
+    m_i N in the token currency: `continuation_quota`) and places it on that prompt's unmixed,
+    non-leaf turn prefixes, maximising Σ 1 − q^K with q = r Ṽ + (1 − r)(1 − Ṽ) the chance that
+    one continuation repeats the observed outcome r. Budget never moves between trees: a
+    prompt with no prefix to expand returns its share to Stage-1 roots (`check_placement`
+    enforces it). Later waves (token currency) repeat Stage 2 on the grown trees.
+    `stage1`/`stage2 = "uniform"` are the ablation switches.
     """
 
     name: ClassVar[str] = "trace"
@@ -410,7 +414,7 @@ class Trace:
     """Smallest non-zero m_i (lowered to the root budget when that is smaller): 4 keeps the
     paper's density of >= 4 bare rollouts per opened prompt; 2 opens prompts with a pair, which
     buys more mixed prompts when the predictor is sharp and fewer when it is not (docs/decisions.md,
-    "Root solver" and "Budget density and Stage 2's preference")."""
+    "Root solver" and "Budget density and Stage 2's placement")."""
     continuations_per_rollout: int = 1
     """N: Stage-2 continuations per bare rollout (Σ K = m_i N per prompt); 0 turns Stage 2 off."""
     stage1: Literal["active", "uniform"] = "active"
@@ -425,11 +429,17 @@ class Trace:
     "Output squashing, calibration, cold start and exploration")."""
     p_clip: float = 0.01
     """Predictions are clipped to [p_clip, 1 − p_clip]: no prompt or prefix is ever certain."""
-    prefer_unmixed: bool = True
-    """Stage 2 spends only on trees whose bare rollouts all agree while any has a prefix to
-    expand: a flip there makes a new mixed prompt, one in a mixed tree only a mixed prefix
-    (False: every tree gets its share ∝ m_i, the paper's rule; docs/decisions.md, "Budget density
-    and Stage 2's preference")."""
+    prefer_unmixed: bool = False
+    """False (the paper's rule): each active tree gets its own m_i N continuations, on its own
+    prefixes, and a tree with none to expand returns its share to Stage-1 roots. True pools
+    the whole Stage-2 budget into the trees whose bare rollouts all agree, which buys about
+    one flip per step inside one large tree (kept only to reproduce the old default;
+    docs/decisions.md, "Budget density and Stage 2's placement")."""
+    min_flip_prob: float = 0.0
+    """Flip floor: a prefix whose predicted flip probability 1 − q is below this gets no
+    continuation, and a tree left with none returns its share to Stage-1 roots, so N falls to 0
+    where prefixes cannot flip (0: off; `stage2="active"` only; docs/decisions.md, "The flip
+    floor")."""
 
     def __post_init__(self) -> None:
         _check_group_size(self.group_size)
@@ -450,6 +460,8 @@ class Trace:
             raise ValueError(f"explore_frac={self.explore_frac}: must be in [0, 1]")
         if not 0.0 <= self.p_clip < 0.5:
             raise ValueError(f"p_clip={self.p_clip}: must be in [0, 0.5)")
+        if not 0.0 <= self.min_flip_prob <= 0.5:
+            raise ValueError(f"min_flip_prob={self.min_flip_prob}: must be in [0, 0.5]")
         if self.stage1 not in ("active", "uniform") or self.stage2 not in ("active", "uniform"):
             raise ValueError(
                 f"stage1={self.stage1!r}, stage2={self.stage2!r}: each is 'active' or 'uniform'"
@@ -514,72 +526,103 @@ class Trace:
     def _stage2(
         self, view: AllocView, predictor: Predictor | None, rng: np.random.Generator
     ) -> AllocPlan:
-        eligible: dict[int, tuple[list[int], np.ndarray]] = {}  # tree -> (nodes, observed r)
-        for i in _active(view.trees):
-            tree = view.trees[i]
-            count, _, low, high = tree.leaf_stats()
-            nodes = [
-                n.node_id
-                for n in tree.nodes[1:]
-                if not n.is_leaf and count[n.node_id] > 0 and low[n.node_id] == high[n.node_id]
-            ]
-            if nodes:
-                eligible[i] = (nodes, low[nodes])
-        if not eligible or self.continuations_per_rollout == 0:
-            return self._top_up_roots(view, predictor)
-        trees = list(eligible)
+        eligible = self._eligible(view.trees, predictor)
+        if self.continuations_per_rollout == 0 or (self.prefer_unmixed and not eligible):
+            return self._top_up_roots(view, predictor, view.leaves_left)
         if self.prefer_unmixed:
+            trees = list(eligible)
             unmixed = [i for i in trees if not view.trees[i].is_mixed]
             trees = unmixed or trees
-        m = np.array([len(view.trees[i].root.children) for i in trees], dtype=np.float64)
-        shares = split_budget(view.leaves_left, m)
+            m = np.array([len(view.trees[i].root.children) for i in trees], dtype=np.float64)
+            shares = dict(zip(trees, split_budget(view.leaves_left, m).tolist(), strict=True))
+        else:
+            quota = continuation_quota(view.trees, self.continuations_per_rollout, view.leaves_left)
+            shares = {i: int(quota[i]) for i in eligible if quota[i] > 0}
         requests: list[RolloutRequest] = []
         expected_flips = 0.0
-        if self.stage2 == "uniform":
-            for i, share in zip(trees, shares, strict=True):
-                nodes = eligible[i][0]
+        for i, share in shares.items():
+            nodes, q = eligible[i]
+            if self.stage2 == "uniform":
                 k = np.full(len(nodes), share // len(nodes))
                 k[rng.choice(len(nodes), size=int(share % len(nodes)), replace=False)] += 1
-                requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))))
-        else:
-            histories = [view.trees[i].history(n) for i in trees for n in eligible[i][0]]
-            v = self._clip(_need(predictor, self.name).predict(histories))
-            start = 0
-            for i, share in zip(trees, shares, strict=True):
-                nodes, r = eligible[i]
-                vi = v[start : start + len(nodes)]
-                start += len(nodes)
-                q = r * vi + (1.0 - r) * (1.0 - vi)  # P(continuation repeats r), docs/design.md §1
-                k = solve_prefixes(q, int(share))
+            else:
+                k = solve_prefixes(q, share)
                 expected_flips += float(v_prefix(q, k).sum())
-                requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))))
+            requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))))
+        placed = sum(r.n for r in requests)
+        if not self.prefer_unmixed:
+            check_placement(view.trees, requests, self.continuations_per_rollout)
+        # the shares of trees with no prefix to expand go back to Stage 1, never to other trees
+        top_up = self._top_up_roots(view, predictor, view.leaves_left - placed)
         return AllocPlan(
-            requests=tuple(requests),
+            requests=(*requests, *top_up.requests),
             stage="prefixes",
             diagnostics={
-                "n_prompts": len(trees),
+                "n_prompts": len(shares),
                 "n_eligible": sum(len(e[0]) for e in eligible.values()),
                 "expected_flips": expected_flips,
+                "n_top_up_roots": top_up.n_leaves,
             },
         )
 
-    def _top_up_roots(self, view: AllocView, predictor: Predictor | None) -> AllocPlan:
-        """Spend the rest on roots when no prefix can be expanded (one-turn episodes, N = 0).
+    def _eligible(
+        self, trees: Sequence[RolloutTree], predictor: Predictor | None
+    ) -> dict[int, tuple[list[int], np.ndarray]]:
+        """Per active tree with any, its expandable prefixes and their repeat probabilities q.
 
-        Stage 1 is solved again with the rollouts already made as floors.
+        A prefix is expandable when it is a non-leaf turn whose leaves all agree (outcome r);
+        q = r Ṽ + (1 − r)(1 − Ṽ) is the chance that one continuation repeats r (docs/design.md §1).
+        With `stage2="uniform"` no predictor is read and q is 0.5. Prefixes whose flip
+        probability 1 − q is below `min_flip_prob` are dropped (the flip floor).
         """
+        found: dict[int, tuple[list[int], np.ndarray]] = {}
+        for i in _active(trees):
+            count, _, low, high = trees[i].leaf_stats()
+            nodes = [
+                n.node_id
+                for n in trees[i].nodes[1:]
+                if not n.is_leaf and count[n.node_id] > 0 and low[n.node_id] == high[n.node_id]
+            ]
+            if nodes:
+                found[i] = (nodes, low[nodes])
+        if self.stage2 == "uniform" or not found:
+            return {i: (nodes, np.full(len(nodes), 0.5)) for i, (nodes, _) in found.items()}
+        histories = [trees[i].history(n) for i, (nodes, _) in found.items() for n in nodes]
+        v = self._clip(_need(predictor, self.name).predict(histories))
+        out: dict[int, tuple[list[int], np.ndarray]] = {}
+        start = 0
+        for i, (nodes, r) in found.items():
+            vi = v[start : start + len(nodes)]
+            start += len(nodes)
+            q = r * vi + (1.0 - r) * (1.0 - vi)
+            keep = 1.0 - q >= self.min_flip_prob
+            if keep.any():
+                out[i] = ([n for n, k in zip(nodes, keep, strict=True) if k], q[keep])
+        return out
+
+    def _top_up_roots(self, view: AllocView, predictor: Predictor | None, leaves: int) -> AllocPlan:
+        """Spend `leaves` on roots: the budget that no tree's own prefixes can take.
+
+        That is all of it with N = 0 or one-turn episodes, and the share of any tree whose
+        prefixes are all mixed or under the flip floor. Stage 1 is solved again with the
+        rollouts already made as floors.
+        """
+        if leaves <= 0:
+            return AllocPlan(stage="roots")
         current = np.array([len(t.root.children) for t in view.trees], dtype=np.int64)
         if self.stage1 == "uniform":
             order = _fresh(view.trees)
-            groups = _groups(order, view.leaves_left, self.group_size, exact=view.exact)
+            groups = _groups(order, leaves, self.group_size, exact=view.exact)
             return AllocPlan(requests=tuple(groups), stage="roots")
         p = self._clip(_need(predictor, self.name).predict([t.prompt_text for t in view.trees]))
         floor = np.minimum(current, self.max_per_prompt)
+        # a small Stage-1 budget may have opened prompts below min_per_prompt (with 2)
+        lo = int(min(self.min_per_prompt, *floor[floor > 0])) if (floor > 0).any() else 0
         solution = solve_roots(
             p,
-            int(floor.sum()) + view.leaves_left,
+            int(floor.sum()) + leaves,
             max_per_prompt=self.max_per_prompt,
-            min_per_prompt=self.min_per_prompt,
+            min_per_prompt=max(2, lo or self.min_per_prompt),
             floor=floor,
         )
         extra = solution.m - floor
@@ -589,6 +632,61 @@ class Trace:
         return AllocPlan(
             requests=requests, stage="roots", diagnostics={"expected_mixed": solution.value}
         )
+
+
+def continuation_quota(trees: Sequence[RolloutTree], n: int, leaves_left: int) -> np.ndarray:
+    """Continuations each tree may still take this step: its own share, never another's.
+
+    The step's continuation budget (those already made plus `leaves_left`) is split ∝ m_i, the
+    tree's bare rollouts, and capped at m_i N; what a tree already holds is subtracted. In the
+    leaf currency this is exactly m_i N per tree; in the token currency, where continuations
+    cost fewer tokens than roots, the cap keeps the shape and the rest goes to roots.
+
+    Args:
+        trees: The step's trees.
+        n: N, continuations per bare rollout.
+        leaves_left: Leaves left this step (exact, or the token currency's estimate).
+
+    Returns:
+        Continuations per tree, shape `(len(trees),)`, each >= 0.
+
+    >>> from trace_alloc.tree import Rollout, Turn
+    >>> t = RolloutTree(prompt_id="a", prompt_text="A?")
+    >>> for _ in range(3):
+    ...     _ = t.add_rollout(0, Rollout(turns=(Turn(action_text="s", action_token_ids=(1,)),
+    ...                                         Turn(action_text="a", action_token_ids=(2,))),
+    ...                                  reward=1.0))
+    >>> empty = RolloutTree(prompt_id="b", prompt_text="B?")
+    >>> continuation_quota([t, empty], 2, 10).tolist()
+    [6, 0]
+    """
+    m = np.array([len(t.root.children) for t in trees], dtype=np.int64)
+    made = np.array([t.n_leaves for t in trees], dtype=np.int64) - m
+    share = split_budget(int(made.sum()) + leaves_left, m.astype(np.float64))
+    quota: np.ndarray = np.maximum(np.minimum(share, m * n) - made, 0)
+    return quota
+
+
+def check_placement(
+    trees: Sequence[RolloutTree], requests: Sequence[RolloutRequest], n: int
+) -> None:
+    """The placement invariant: tree i never holds more than m_i N continuation leaves.
+
+    Raises:
+        AllocError: a plan would break it (a bug in the allocator, never the user's input).
+    """
+    planned = Counter[int]()
+    for r in requests:
+        if r.node_id != 0:
+            planned[r.tree_index] += r.n
+    for i, k in planned.items():
+        m = len(trees[i].root.children)
+        made = trees[i].n_leaves - m
+        if made + k > m * n:
+            raise AllocError(
+                f"placement invariant broken: tree {i} would hold {made + k} continuations "
+                f"for m={m} bare rollouts and N={n} (cap {m * n})"
+            )
 
 
 ALLOCATORS: dict[str, type[Allocator]] = {

@@ -2,6 +2,12 @@
 
 Question: at the same rollout budget, how much reward contrast does each allocator buy?
 
+The headline measure is the contrast per leaf: the mean, over every leaf of a step, of its
+tree's reward variance p (1 − p) (`harness.metrics_log.tree_health`). The effective ratio (the
+share of mixed prompts) is still reported, but it counts a 28-leaf tree with one flip as much as
+a group of 8 split 4/4, and an allocator tuned to it learned less (docs/decisions.md, "Budget
+density and Stage 2's placement").
+
 The simulated policy (docs/trace_alloc.md, "Simulation benchmark"):
 
 - **Questions** have a latent difficulty d = type + hops + topic effects (readable from the
@@ -57,6 +63,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from benchmarks.meta import run_meta
+from harness.metrics_log import tree_health
 from trace_alloc import (
     BudgetLimit,
     HashedNgramFeaturizer,
@@ -86,6 +93,9 @@ class Args:
     """candidate prompts per step (uniform uses the first leaves_per_step / G of them)"""
     group_size: int = 8
     """G of the group-based allocators"""
+    prefer_unmixed: bool = False
+    """TRACE's Stage-2 pooling into unmixed trees (`Trace.prefer_unmixed`; off: each tree gets
+    its own m_i N continuations); the `trace[pooled]` row always pools"""
     n_questions: int = 1000
     """question bank size; the pool walks through it epoch by epoch (1,000 questions at 128 per
     step recur about every 8 steps: the multi-epoch regime of real RL)"""
@@ -317,6 +327,8 @@ class Series:
     n_kept: list[int] = field(default_factory=list)
     n_kept_mixed: list[int] = field(default_factory=list)
     mixed_prefix_anchors: list[int] = field(default_factory=list)
+    contrast_per_leaf: list[float] = field(default_factory=list)
+    flips_per_continuation: list[float] = field(default_factory=list)
     leaves: list[int] = field(default_factory=list)
     tokens: list[int] = field(default_factory=list)
     tool_calls: list[int] = field(default_factory=list)
@@ -344,7 +356,7 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "trace[m_i >= 4]": ("trace", {"min_per_prompt": 4}),
     "trace[m_i >= 8]": ("trace", {"min_per_prompt": 8}),
     "trace[m_i >= 2]": ("trace", {"min_per_prompt": 2}),
-    "trace[all trees]": ("trace", {"prefer_unmixed": False}),
+    "trace[pooled]": ("trace", {"prefer_unmixed": True}),
     "trace[no memory]": ("trace", {}),
     "trace[oracle]": ("trace", {}),
     "uniform[equal prompts]": ("uniform", {}),
@@ -369,9 +381,9 @@ def build(variant: str, args: Args, group_size: int | None = None) -> Allocator:
         "prompt_predictor": group,
         "random_tree": {},
         "entropy_tree": {},
-        "trace": group,
+        "trace": {**group, "prefer_unmixed": args.prefer_unmixed},
     }[name]
-    return make_allocator(name, **config, **extra)
+    return make_allocator(name, **{**config, **extra})
 
 
 def make_predictor(args: Args, *, memory: bool) -> Predictor:
@@ -430,6 +442,9 @@ def run_variant(
         series.n_kept.append(len(kept))
         series.n_kept_mixed.append(sum(t.is_mixed for t in kept))
         series.mixed_prefix_anchors.append(stats.n_mixed_prefix_anchors)
+        health = tree_health(result.trees)
+        series.contrast_per_leaf.append(health["rollout/reward_var_per_leaf"])
+        series.flips_per_continuation.append(health["rollout/flips_per_continuation"])
         series.leaves.append(result.spent.n_leaves)
         series.tokens.append(result.spent.n_tokens)
         series.tool_calls.append(result.spent.n_tool_calls)
@@ -470,6 +485,8 @@ def summarise(series: Series, first_epoch: int) -> dict[str, float]:
     k = max(1, len(series.brier) // 4)
     later = slice(min(first_epoch, max(0, len(series.auc_root) - 1)), None)
     return {
+        "contrast_per_leaf": _mean(series.contrast_per_leaf),
+        "flips_per_continuation": _mean(series.flips_per_continuation),
         "effective_ratio": float(np.mean(series.effective_ratio)),
         "n_active": float(np.mean(series.n_active)),
         "n_mixed": float(np.mean(series.n_mixed)),
@@ -546,6 +563,7 @@ def comparison(leaves: dict[str, dict[str, float]]) -> dict[str, float]:
     """TRACE against GRPO at equal leaves (G = 8) and at equal prompts, side by side."""
     trace, grpo = leaves["trace"], leaves["uniform"]
     out = {
+        "trace_over_uniform_contrast": trace["contrast_per_leaf"] / grpo["contrast_per_leaf"],
         "trace_over_uniform_share": trace["effective_ratio"] / grpo["effective_ratio"],
         "trace_over_uniform_mixed_prompts": trace["n_mixed"] / max(grpo["n_mixed"], 1e-9),
     }
@@ -565,6 +583,7 @@ def main(args: Args) -> dict[str, Any]:
     table, runs, budget = run_world(args, variants, main_rows)
     leaves, tokens = table["leaves"], table["tokens"]
     result: dict[str, Any] = {
+        "contrast_per_leaf": {v: leaves[v]["contrast_per_leaf"] for v in main_rows},
         "effective_ratio": {v: leaves[v]["effective_ratio"] for v in main_rows},
         "mixed_prompts": {v: leaves[v]["n_mixed"] for v in main_rows},
         "trace_over_uniform": leaves["trace"]["effective_ratio"]
@@ -614,7 +633,7 @@ def main(args: Args) -> dict[str, Any]:
             "table": rows,
         }
     result["targets"] = {
-        "trace_over_uniform_share >= 1.8": result["trace_over_uniform_share"] >= 1.8,
+        "trace_over_uniform_contrast >= 1": result["trace_over_uniform_contrast"] >= 1.0,
         "trace_over_uniform_mixed_prompts >= 1.5": result["trace_over_uniform_mixed_prompts"]
         >= 1.5,
         "root_auc_after_epoch1 >= 0.85": result["root_auc_after_epoch1"] >= 0.85,
@@ -632,9 +651,9 @@ def print_table(result: dict[str, Any]) -> None:
         n = result["single_pass"]["n_questions"]
         blocks.append((f"single pass ({n:,} questions, none recurs)", "leaves",
                        result["single_pass"]["table"]))  # fmt: skip
-    columns = ("allocator", "eff. ratio", "active", "mixed", "roots/active", "mixed prefixes",
-               "leaves", "tokens", "alloc ms", "Brier first→last", "AUC root",
-               "AUC prefix")  # fmt: skip
+    columns = ("allocator", "contrast/leaf", "flips/cont.", "eff. ratio", "active", "mixed",
+               "roots/active", "mixed prefixes", "leaves", "tokens", "alloc ms",
+               "Brier first→last", "AUC root", "AUC prefix")  # fmt: skip
     for title, currency, rows in blocks:
         per_step = result["budget"][f"{currency}_per_step"]
         table = Table(title=f"{title} ({per_step:,} {currency} per step)")
@@ -643,6 +662,8 @@ def print_table(result: dict[str, Any]) -> None:
         for name, r in rows.items():
             table.add_row(
                 escape(name),  # `trace[oracle]` is not rich markup
+                f"{r['contrast_per_leaf']:.4f}",
+                _fmt(r["flips_per_continuation"]),
                 f"{100 * r['effective_ratio']:.1f}%",
                 f"{r['n_active']:.1f}",
                 f"{r['n_mixed']:.1f}",
@@ -659,8 +680,9 @@ def print_table(result: dict[str, Any]) -> None:
             )
         console.print(table)
     console.print(
-        "TRACE / GRPO at equal leaves: share "
-        f"{result['trace_over_uniform_share']:.2f}x, mixed prompts "
+        "TRACE / GRPO at equal leaves: contrast per leaf "
+        f"{result['trace_over_uniform_contrast']:.2f}x (share "
+        f"{result['trace_over_uniform_share']:.2f}x), mixed prompts "
         f"{result['trace_over_uniform_mixed_prompts']:.2f}x; at equal prompts: share "
         f"{result.get('trace_over_equal_prompts_share', float('nan')):.2f}x, mixed prompts "
         f"{result.get('trace_over_equal_prompts_mixed_prompts', float('nan')):.2f}x; root AUC "

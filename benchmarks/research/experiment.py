@@ -53,6 +53,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import tyro
 
 from harness.config import AllocatorSettings
@@ -111,6 +112,19 @@ class ExperimentConfig:
     M(1+N) leaves per step, against GRPO at the same leaves (leaf series)."""
     predictor_ablation: bool = False
     """TRACE with a constant p = 0.5 (the predictor off)."""
+    continue_from: Path | None = None
+    """Start every run of seed s from the policy GRPO trained in an earlier experiment,
+    `CONTINUE_FROM/main-leaves-uniform-s{s}/policy`, instead of the warm start: the
+    contrast-scarce regime (most training questions already solved; docs/experiment.md)."""
+    reuse_from: Path | None = None
+    """A recorded `experiment-NAME.json` whose runs of `reuse_methods` are read back instead of
+    trained (same run ids); valid only where those methods' code path is unchanged."""
+    reuse_methods: tuple[str, ...] = ()
+    """Main-comparison methods (and `budget` labels) taken from `reuse_from` where recorded,
+    read at step `steps` (the record must have evaluated there)."""
+    rollout_temperature: float = 1.0
+    """Sampling temperature of the training rollouts (evaluation stays at T = 1); below 1 the
+    policy's groups agree more often: one way to make contrast scarce."""
     alloc: AllocatorSettings = field(default_factory=AllocatorSettings)
     """Every method's allocator settings (`--alloc.trace.min-per-prompt 2`); the ablations
     change theirs on top. Unchanged fields keep the run directories of earlier runs valid."""
@@ -274,6 +288,40 @@ class _Context:
     tokens_per_step: int
     train_questions: int
     config: ExperimentConfig
+    start_by_seed: dict[int, dict[str, Any]] = field(default_factory=dict)
+    """`continue_from`: each seed's start policy's evaluation."""
+
+    def tokens_for(self, seed: int) -> int:
+        """The token series' budget per step for a run of `seed`.
+
+        The leaf budget times the tokens per episode of the policy it starts from (its own
+        start policy when continuing).
+        """
+        start = self.start_by_seed.get(seed)
+        if start is None:
+            return self.tokens_per_step
+        return round(self.config.leaves_per_step * start["heldout"]["tokens"])
+
+    def policy_for(self, seed: int) -> Path:
+        """The policy a run of `seed` starts from."""
+        if self.config.continue_from is None:
+            return self.policy_dir
+        return _continued_policy(self.config.continue_from, seed)
+
+
+def _continued_policy(root: Path, seed: int) -> Path:
+    """GRPO's trained policy of `seed` in the experiment directory `root`.
+
+    Raises:
+        FileNotFoundError: that run has not finished (one line, with the command to run).
+    """
+    policy = root / f"main-leaves-uniform-s{seed}" / "policy"
+    if not (policy / "config.json").is_file():
+        raise FileNotFoundError(
+            f"--continue-from {root}: no trained GRPO policy for seed {seed} at {policy}; run "
+            f"the experiment with --methods uniform --seeds {seed} --out-dir {root} first"
+        )
+    return policy
 
 
 def _keep(config: ExperimentConfig, task: Any) -> bool:
@@ -362,8 +410,34 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
         test_sets = _test_sets(config, artifacts)
         start_eval = _evaluate(artifacts.policy_dir, "start", config, artifacts, test_sets)
         _write_json(path, {"key": key, "eval": start_eval})
-    # The token series' budget: what the leaf budget costs the start policy on the training
-    # world, rounded to whole tokens.
+    start_by_seed: dict[int, dict[str, Any]] = {}
+    if config.continue_from is not None:
+        # every seed starts from its own GRPO-trained policy: evaluate each once (cached)
+        for seed in sorted({*config.seeds, *(config.ablation_seeds or ())}):
+            policy = _continued_policy(config.continue_from, seed)
+            path = config.out_dir / f"start_eval-s{seed}.json"
+            key = {"policy": str(policy), "eval": _eval_key(config)}
+            cached = _read_json(path)
+            if cached and cached.get("key") == key:
+                start_by_seed[seed] = cached["eval"]
+                continue
+            # the GRPO run evaluated its final policy already, with the same test sets
+            done = _read_json(policy.parent / "experiment_evals.json") or {}
+            if done.get("key", {}).get("eval") == key["eval"] and done.get("evals"):
+                start_by_seed[seed] = done["evals"][str(max(int(k) for k in done["evals"]))]
+                _write_json(path, {"key": key, "eval": start_by_seed[seed]})
+                continue
+            log.info("evaluating seed %d's start policy %s", seed, policy)
+            test_sets = _test_sets(config, artifacts)
+            start_by_seed[seed] = _evaluate(policy, f"start-s{seed}", config, artifacts, test_sets)
+            _write_json(path, {"key": key, "eval": start_by_seed[seed]})
+        start_eval = {
+            name: {k: sum(e[name][k] for e in start_by_seed.values()) / len(start_by_seed)
+                   for k in start_eval[name]}
+            for name in start_eval
+        }  # fmt: skip
+    # The token series' budget: what the leaf budget costs the start policy (the seed mean when
+    # continuing) on the training world, rounded to whole tokens.
     tokens_per_step = round(config.leaves_per_step * start_eval["heldout"]["tokens"])
     world = artifacts.world()
     train = [i for i in artifacts.split["train"] if _keep(config, world.tasks[i])]
@@ -372,6 +446,7 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
         tokens_per_step=tokens_per_step,
         train_questions=len(train),
         config=config,
+        start_by_seed=start_by_seed,
     )
     return context, start_eval
 
@@ -404,10 +479,10 @@ def _train_config(
     )
 
     config = context.config
-    per_step = spec.per_step if spec.per_step is not None else context.tokens_per_step
+    per_step = spec.per_step if spec.per_step is not None else context.tokens_for(spec.seed)
     return TrainConfig(
         run_dir=config.out_dir / spec.run_id,
-        policy=context.policy_dir,
+        policy=context.policy_for(spec.seed),
         steps=steps,
         seed=spec.seed,
         resume=resume,
@@ -425,6 +500,7 @@ def _train_config(
         alloc=AllocConfig.of(**dict(spec.alloc)),
         budget=BudgetConfig(currency=spec.series, per_step=per_step, pool_size=config.pool_size),
         rollout=RolloutConfig(
+            temperature=config.rollout_temperature,
             max_new_tokens=artifacts.config.eval.max_action_tokens,
             max_total_tokens=artifacts.config.model.max_positions,
         ),
@@ -443,8 +519,12 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     config = context.config
     run_dir = config.out_dir / spec.run_id
     evals_path = run_dir / "experiment_evals.json"
-    key = {"spec": dataclasses.asdict(spec), "tokens_per_step": context.tokens_per_step,
+    key = {"spec": dataclasses.asdict(spec), "tokens_per_step": context.tokens_for(spec.seed),
            "eval": _eval_key(config), "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
+    if config.continue_from is not None:
+        key["start_policy"] = str(context.policy_for(spec.seed))
+    if config.rollout_temperature != 1.0:
+        key["rollout_temperature"] = config.rollout_temperature
     key = json.loads(json.dumps(key))  # as it reads back (tuples become lists)
     record = _read_json(evals_path)
     if record is None:
@@ -472,7 +552,9 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
         record["evals"][str(at)] = _evaluate(policy, spec.run_id, config, artifacts, test_sets)
         _write_json(evals_path, record)
     metrics = [r for r in read_metrics(run_dir) if "rollout/effective_ratio" in r]
-    return {"spec": spec, "evals": record["evals"], "metrics": metrics}
+    start = context.start_by_seed.get(spec.seed)
+    return {"spec": spec, "evals": record["evals"], "metrics": metrics,
+            "start_em": None if start is None else start["heldout"]["em"]}  # fmt: skip
 
 
 def _checkpoint_step(checkpoint: Path | None) -> int:
@@ -494,7 +576,7 @@ def _run_in_worker(spec: RunSpec, context: _Context) -> dict[str, Any]:
 # --- summaries ----------------------------------------------------------------------------------
 
 
-def _mean_std(values: Sequence[float]) -> dict[str, float]:
+def _mean_std(values: Sequence[float | None]) -> dict[str, float]:
     finite = [v for v in values if v is not None and math.isfinite(v)]
     n = len(finite)
     if n == 0:
@@ -514,9 +596,19 @@ def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
         values = [v for v in series(key) if math.isfinite(v)]
         return sum(values) / len(values) if values else float("nan")
 
+    def p90(key: str) -> float | None:
+        values = [v for v in series(key) if math.isfinite(v)]
+        return float(np.percentile(values, 90)) if values else None
+
+    def peak(key: str) -> float | None:
+        values = [v for v in series(key) if math.isfinite(v)]
+        return max(values) if values else None
+
     final = metrics[-1] if metrics else {}
     evals = result["evals"]
+    first8 = [v for v in series("rollout/effective_ratio")[:8] if math.isfinite(v)]
     return {
+        "start_em": result.get("start_em"),
         "em": evals[str(last)]["heldout"]["em"],
         "f1": evals[str(last)]["heldout"]["f1"],
         "fresh_em": evals[str(last)]["fresh_world"]["em"],
@@ -524,6 +616,16 @@ def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
         "evals": evals,
         "effective_ratio": mean("rollout/effective_ratio"),
         "effective_ratio_by_step": series("rollout/effective_ratio"),
+        "effective_ratio_first8": sum(first8) / len(first8) if first8 else None,
+        "reward_var_per_leaf": mean("rollout/reward_var_per_leaf"),
+        "flips_per_continuation": mean("rollout/flips_per_continuation"),
+        "max_leaves_per_tree": peak("rollout/max_leaves_per_tree"),
+        "max_abs_advantage": mean("advantage/max_abs"),
+        "top_tree_share": mean("advantage/top_tree_share"),
+        "top_tree_share_p90": p90("advantage/top_tree_share"),
+        "effective_trees": mean("advantage/effective_trees"),
+        "grad_norm_p90": p90("policy/grad_norm"),
+        "logprob_gap_max": peak("policy/rollout_logprob_gap"),
         "mixed_anchors": mean("rollout/mixed_anchors"),
         "mixed_prefix_anchors": mean("rollout/mixed_prefix_anchors"),
         "brier": mean("predictor/brier"),
@@ -540,6 +642,12 @@ def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
     }
 
 
+HEALTH = ("effective_ratio_first8", "reward_var_per_leaf", "flips_per_continuation",
+          "max_leaves_per_tree", "max_abs_advantage", "top_tree_share", "top_tree_share_p90",
+          "effective_trees", "grad_norm_p90", "logprob_gap_max")  # fmt: skip
+"""The health metrics of issue 20, summarised per run beside the effective ratio."""
+
+
 def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Mean and spread across seeds of every (group, series, label)."""
     grouped: dict[str, list[dict[str, Any]]] = {}
@@ -550,8 +658,8 @@ def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         keys = ("em", "f1", "fresh_em", "fresh_f1", "effective_ratio", "mixed_anchors",
                 "mixed_prefix_anchors", "brier", "auc", "auc_root", "signal_leaves",
                 "rollout_accuracy", "total_leaves", "total_tokens",
-                "total_tool_calls", "wall_s")  # fmt: skip
-        cells[cell] = {k: _mean_std([m[k] for m in members]) for k in keys}
+                "total_tool_calls", "wall_s", *HEALTH)  # fmt: skip
+        cells[cell] = {k: _mean_std([m.get(k) for m in members]) for k in keys}
         cells[cell]["seeds"] = sorted(m["seed"] for m in members)
     return cells
 
@@ -580,7 +688,8 @@ def _paired(runs: dict[str, dict[str, Any]], series: str, method: str) -> dict[s
 
 def _em_curve(summary: dict[str, Any], start_em: float) -> tuple[list[float], list[float]]:
     """Held-out EM against cumulative generated tokens: the start, then each evaluation."""
-    xs, ys = [0.0], [start_em]
+    start = summary.get("start_em")
+    xs, ys = [0.0], [start_em if start is None else start]
     for at in sorted(int(k) for k in summary["evals"]):
         xs.append(float(summary["tokens_by_step"][at - 1]))
         ys.append(float(summary["evals"][str(at)]["heldout"]["em"]))
@@ -749,11 +858,12 @@ def _markdown(result: dict[str, Any], command: str) -> str:
     ]
     header = (
         "| method | held-out EM | held-out F1 | fresh-world EM | effective ratio | "
-        "mixed anchors/step | "
+        "contrast/leaf | flips/cont. | max leaves/tree | top-tree share | eff. trees | "
+        "max abs A | grad-norm p90 | log-prob gap | mixed anchors/step | "
         "signal leaves/step | rollout acc. | Brier | root AUC | leaves | tokens | tool calls | "
         "wall s |"
     )
-    rule = "|---" * 14 + "|"
+    rule = "|---" * 22 + "|"
     groups = (("main", "leaves"), ("main", "tokens"), ("stages", "leaves"),
               ("budget", "leaves"), ("predictor", "leaves"))  # fmt: skip
     titles = {
@@ -775,6 +885,12 @@ def _markdown(result: dict[str, Any], command: str) -> str:
             lines.append(
                 f"| {label} | {_fmt(cell['em'])} | {_fmt(cell['f1'])} | "
                 f"{_fmt(cell['fresh_em'])} | {_fmt(cell['effective_ratio'], 1, 3)} | "
+                f"{_fmt(cell['reward_var_per_leaf'], 1, 3)} | "
+                f"{_fmt(cell['flips_per_continuation'], 1, 2)} | "
+                f"{_fmt(cell['max_leaves_per_tree'], 1, 0)} | "
+                f"{_fmt(cell['top_tree_share'], 1, 2)} | {_fmt(cell['effective_trees'], 1, 1)} | "
+                f"{_fmt(cell['max_abs_advantage'], 1, 1)} | {_fmt(cell['grad_norm_p90'], 1, 2)} | "
+                f"{_fmt(cell['logprob_gap_max'], 1, 6)} | "
                 f"{_fmt(cell['mixed_anchors'], 1, 1)} | "
                 f"{_fmt(cell['signal_leaves'], 1, 1)} | {_fmt(cell['rollout_accuracy'], 1, 3)} | "
                 f"{_fmt(cell['brier'], 1, 3)} | {_fmt(cell['auc_root'], 1, 3)} | "
@@ -812,6 +928,19 @@ def _markdown(result: dict[str, Any], command: str) -> str:
                 f"{d['p']:.3f} | {'–' if ratio is None else f'{ratio:.2f}×'} |"
             )
         lines.append("")
+    summary = result["summary"]
+    lines += ["**Summary (issue 20)**: EM differences in points, paired over seeds, with the "
+              "lower end of the 95 % t interval; health figures are TRACE's (leaf series). "
+              "Health columns above: contrast/leaf = mean within-tree reward variance per leaf; "
+              "flips/cont. = continuations whose reward differs from their anchor's agreed "
+              "outcome; top-tree share = the heaviest tree's share of |advantage|-weighted "
+              "tokens; eff. trees = (Σw)²/Σw²; \"-\" = not logged (runs read back from a "
+              "record that predates the metric).", "",
+              "| key | value |", "|---|---|"]  # fmt: skip
+    for key, value in summary.items():
+        shown = f"{value:.3f}" if isinstance(value, float) else str(value)
+        lines.append(f"| `{key}` | {shown} |")
+    lines.append("")
     lines.append(f"Figure: `{result['files']['plot']}`; raw: `{result['files']['json']}`.")
     return "\n".join(lines)
 
@@ -899,7 +1028,13 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         bar.set_postfix_str(f"{spec.run_id}: EM {summary['em']:.3f}")
         bar.update(1)
 
-    _run_all(specs, context, on_done)
+    recorded = _recorded_runs(config)
+    # a run trained here wins over its recorded copy (it has the health metrics)
+    recorded = {k: v for k, v in recorded.items() if not (config.out_dir / k).exists()}
+    for spec in [s for s in specs if s.run_id in recorded]:
+        runs[spec.run_id] = recorded[spec.run_id] | {"reused_from": str(config.reuse_from)}
+        bar.update(1)
+    _run_all([s for s in specs if s.run_id not in recorded], context, on_done)
     bar.close()
     cells = _aggregate(runs)
     start_em = float(start_eval["heldout"]["em"])
@@ -941,6 +1076,7 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         "runs": runs,
         "wall_s": time.perf_counter() - started,
         "files": {k: str(v) for k, v in files.items()},
+        "summary": _summary(runs, config),
         "accuracy": {m: c["em"] for m, c in main_leaves.items()},
         "f1": {m: c["f1"] for m, c in main_leaves.items()},
         "effective_ratio": {m: c["effective_ratio"]["mean"] for m, c in main_leaves.items()},
@@ -954,6 +1090,104 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
     if config.results_md is not None:
         _write_section(config.results_md, config.name, body)
     return result
+
+
+def _recorded_runs(config: ExperimentConfig) -> dict[str, dict[str, Any]]:
+    """The runs of `reuse_methods` recorded in `reuse_from`, by run id (empty if none)."""
+    if config.reuse_from is None or not config.reuse_methods:
+        return {}
+    data = _read_json(config.reuse_from)
+    if data is None:
+        raise FileNotFoundError(f"--reuse-from {config.reuse_from}: not a readable JSON file")
+    out = {}
+    steps = config.steps
+    for run_id, summary in data["runs"].items():
+        if summary["label"] not in config.reuse_methods or summary["seed"] not in config.seeds:
+            continue
+        at = summary["evals"].get(str(steps))
+        if at is None or len(summary["effective_ratio_by_step"]) < steps:
+            raise ValueError(f"--reuse-from: {run_id} was not evaluated at step {steps}")
+        # read the record as if the run had stopped at `steps`
+        ratios = summary["effective_ratio_by_step"][:steps]
+        out[run_id] = summary | {
+            "em": at["heldout"]["em"],
+            "f1": at["heldout"]["f1"],
+            "fresh_em": at["fresh_world"]["em"],
+            "fresh_f1": at["fresh_world"]["f1"],
+            "evals": {k: v for k, v in summary["evals"].items() if int(k) <= steps},
+            "effective_ratio": sum(ratios) / len(ratios),
+            "effective_ratio_by_step": ratios,
+            "effective_ratio_first8": sum(ratios[:8]) / len(ratios[:8]),
+            "leaves_by_step": summary["leaves_by_step"][:steps],
+            "tokens_by_step": summary["tokens_by_step"][:steps],
+            "total_leaves": summary["leaves_by_step"][steps - 1],
+            "total_tokens": summary["tokens_by_step"][steps - 1],
+        }
+        if steps < len(summary["effective_ratio_by_step"]):
+            # per-step means of the whole record: not comparable, so not shown
+            whole_run = (
+                *("mixed_anchors", "mixed_prefix_anchors", "brier", "auc", "auc_root"),
+                *("signal_leaves", "rollout_accuracy", "total_tool_calls", "wall_s"),
+            )
+            out[run_id] |= dict.fromkeys(whole_run)
+    return out
+
+
+def _paired_ci(diffs: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and the lower end of its two-sided 95 % t interval, in EM points."""
+    from scipy import stats
+
+    if not diffs:
+        return None, None
+    mean = 100 * sum(diffs) / len(diffs)
+    if len(diffs) < 2:
+        return mean, None
+    sem = 100 * stats.sem(diffs)
+    return mean, mean - float(stats.t.ppf(0.975, len(diffs) - 1)) * sem
+
+
+def _summary(runs: dict[str, dict[str, Any]], config: ExperimentConfig) -> dict[str, Any]:
+    """The issue-20 summary: paired EM differences (points, 95 % t CI) and TRACE's health.
+
+    A key is None where its runs are missing (e.g. no DAPO run in the token series).
+    """
+
+    def by_seed(series: str, label: str) -> dict[int, dict[str, Any]]:
+        return {
+            s["seed"]: s
+            for s in runs.values()
+            if s["group"] == "main" and s["series"] == series and s["label"] == label
+        }
+
+    def minus(series: str, method: str, baseline: str) -> tuple[float | None, float | None]:
+        a, b = by_seed(series, method), by_seed(series, baseline)
+        return _paired_ci([a[k]["em"] - b[k]["em"] for k in sorted(a.keys() & b.keys())])
+
+    def mean_of(members: Sequence[dict[str, Any]], key: str) -> float | None:
+        values = [m[key] for m in members if m.get(key) is not None and math.isfinite(m[key])]
+        return sum(values) / len(values) if values else None
+
+    out: dict[str, Any] = {}
+    pairs = (
+        ("trace_minus_grpo_leaves", "leaves", BASELINE),
+        ("trace_minus_grpo_tokens", "tokens", BASELINE),
+        ("trace_minus_dapo_tokens", "tokens", "dynamic_sampling"),
+    )
+    for name, series, baseline in pairs:
+        out[name], out[f"{name}_ci_low"] = minus(series, "trace", baseline)
+    trace = list(by_seed("leaves", "trace").values())
+    out["grpo_effective_ratio_first8"] = mean_of(
+        list(by_seed("leaves", BASELINE).values()), "effective_ratio_first8"
+    )
+    out["trace_effective_ratio"] = mean_of(trace, "effective_ratio")
+    out["trace_flips_per_continuation"] = mean_of(trace, "flips_per_continuation")
+    out["trace_top_tree_share"] = mean_of(trace, "top_tree_share")
+    peaks = [m["max_leaves_per_tree"] for m in trace if m.get("max_leaves_per_tree") is not None]
+    out["trace_max_leaves_per_tree"] = max(peaks) if peaks else None
+    n2 = [s["em"] for s in runs.values() if s["group"] == "budget" and "-N2" in s["label"]]
+    out["n2_min_seed_em"] = 100 * min(n2) if n2 else None
+    out["seeds"] = sorted({s["seed"] for s in runs.values() if s["group"] == "main"})
+    return out
 
 
 def gpu_commands(config: ExperimentConfig) -> list[list[str]]:

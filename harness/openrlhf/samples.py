@@ -52,7 +52,7 @@ from harness.checkpoint import write_dir_atomic  # noqa: E402
 from harness.engine import TreeRolloutEngine, leaves_to_train  # noqa: E402
 from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
 from harness.errors import EngineTimeoutError, HarnessError  # noqa: E402
-from harness.metrics_log import rollout_metrics  # noqa: E402  (shared with the CPU trainer)
+from harness.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
     batch_unit,
@@ -344,6 +344,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.last_step = result
         self.last_metrics = _step_metrics(result, self.engine.stats.tokens_per_s, rollout_s)
         self.last_metrics.update(predictor_metrics)
+        self.last_metrics.update(advantage_metrics(kept, leaves))
         self.last_metrics["rollout/n_train_leaves"] = float(len(experiences))
         self.last_metrics["rollout/n_fillers"] = float(len(padded) - len(experiences))
         self.last_metrics["rollout/failed_leaves_excluded"] = float(n_failed)

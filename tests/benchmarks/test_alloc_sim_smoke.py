@@ -38,9 +38,10 @@ def test_alloc_sim_quick_prints_its_figures_as_the_last_json_line(tmp_path):
     result = json.loads(proc.stdout.splitlines()[-1])
     assert set(result["effective_ratio"]) == set(MAIN)
     assert set(result["mixed_prefix_anchors"]) == set(MAIN)
+    assert set(result["contrast_per_leaf"]) == set(MAIN)  # the headline (issue 20)
     for key in ("trace_over_uniform", "trace_over_dynamic_sampling_tokens",
-                "trace_over_uniform_share", "trace_over_uniform_mixed_prompts",
-                "trace_over_equal_prompts_share"):  # fmt: skip
+                "trace_over_uniform_contrast", "trace_over_uniform_share",
+                "trace_over_uniform_mixed_prompts", "trace_over_equal_prompts_share"):  # fmt: skip
         assert result[key] > 0
     assert 0.0 <= result["root_auc_after_epoch1"] <= 1.0
     single = result["single_pass"]  # the second row: no question recurs

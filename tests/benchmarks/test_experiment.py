@@ -43,11 +43,11 @@ def test_each_methods_allocator_settings_reach_its_runs_and_their_keys():
     from harness.config import AllocatorSettings
     from trace_alloc import Trace
 
-    settings = AllocatorSettings(trace=Trace(min_per_prompt=2, prefer_unmixed=False))
+    settings = AllocatorSettings(trace=Trace(min_per_prompt=2, prefer_unmixed=True))
     config = ExperimentConfig(methods=("trace", "uniform"), seeds=(0,), alloc=settings)
     specs = {(s.group, s.label): s for s in run_specs(config)}
     trace = dict(specs[("main", "trace")].alloc)
-    assert trace == {"name": "trace", "min_per_prompt": 2, "prefer_unmixed": False}
+    assert trace == {"name": "trace", "min_per_prompt": 2, "prefer_unmixed": True}
     assert dict(specs[("main", "uniform")].alloc) == {"name": "uniform"}
     stage = dict(specs[("stages", "s1_uniform-s2_active")].alloc)
     assert stage["min_per_prompt"] == 2 and stage["stage1"] == "uniform"

@@ -63,11 +63,15 @@ def test_every_field_of_every_allocator_is_a_flag_of_both_trainers(cls):
     assert n_fields >= 20  # Trace alone has 9
 
 
-def test_tracerl_train_sets_trace_min_per_prompt_and_prefer_unmixed():
+def test_tracerl_train_sets_trace_min_per_prompt_prefer_unmixed_and_the_flip_floor():
+    # pooling is off unless asked for, and so is the flip floor (issue 20; docs/decisions.md,
+    # "Budget density and Stage 2's placement")
+    default = tyro.cli(TrainConfig, args=["--alloc.name", "trace"]).alloc.build()
+    assert default.prefer_unmixed is False and default.min_flip_prob == 0.0
     argv = ["--alloc.name", "trace", "--alloc.trace.min-per-prompt", "2",
-            "--alloc.trace.no-prefer-unmixed"]  # fmt: skip
+            "--alloc.trace.prefer-unmixed", "--alloc.trace.min-flip-prob", "0.1"]  # fmt: skip
     config = tyro.cli(TrainConfig, args=argv)
-    assert config.alloc.build() == Trace(min_per_prompt=2, prefer_unmixed=False)
+    assert config.alloc.build() == Trace(min_per_prompt=2, prefer_unmixed=True, min_flip_prob=0.1)
     assert config.alloc.uses_predictor
 
 

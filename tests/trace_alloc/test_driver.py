@@ -78,9 +78,9 @@ def test_leaf_budget_is_never_exceeded_and_spent_when_feasible(name, per_step, p
     assert result.spent.n_leaves <= per_step
     assert result.carry == result.spent.n_leaves - per_step
     if name == "trace" and per_step >= 2:
-        # prefixes absorb any budget; one-turn episodes have none, so the roots take it up
-        # to their caps
-        expected = per_step if n_turns > 1 else min(per_step, 16 * pool)
+        # each tree's prefixes absorb up to m_i N = m_i continuations; one-turn episodes have
+        # none, so the roots take it up to their caps
+        expected = min(per_step, (2 if n_turns > 1 else 1) * 16 * pool)
         assert result.spent.n_leaves == expected
 
 
@@ -351,3 +351,82 @@ def test_trace_prefer_unmixed_spends_stage_two_on_trees_not_yet_mixed():
     assert mixed > 0 and on_mixed > 0
     mixed, on_mixed = spent_on_mixed(True)
     assert mixed > 0 and on_mixed == 0
+
+
+@given(
+    per_step=st.integers(2, 160),
+    pool=st.integers(1, 30),
+    n_turns=st.integers(1, 4),
+    n=st.integers(1, 3),
+    currency=st.sampled_from(["leaves", "tokens"]),
+    seed=st.integers(0, 3),
+)
+def test_trace_continuations_stay_in_their_own_tree(per_step, pool, n_turns, n, currency, seed):
+    # the placement invariant (issue 20): tree i holds at most m_i N continuation leaves per
+    # step, in either currency, whatever the pool and the episode length
+    budget = BudgetLimit(currency=currency, per_step=per_step * (15 if currency == "tokens" else 1))
+    result, _ = step("trace", budget=budget, pool=pool, n_turns=n_turns, seed=seed,
+                     continuations_per_rollout=n)  # fmt: skip
+    for tree in result.trees:
+        m = len(tree.root.children)
+        assert tree.n_leaves - m <= m * n
+
+
+def test_trace_spreads_continuations_over_trees_where_pooling_piled_them_up():
+    # the same step with the old pooled rule puts most continuations into few trees
+    own, _ = step("trace", budget=BudgetLimit(per_step=96), explore_frac=0.0)
+    pooled, _ = step("trace", budget=BudgetLimit(per_step=96), explore_frac=0.0,
+                     prefer_unmixed=True)  # fmt: skip
+
+    def most(result):
+        return max(t.n_leaves - len(t.root.children) for t in result.trees)
+
+    assert most(own) <= max(len(t.root.children) for t in own.trees)  # N = 1
+    assert most(pooled) > most(own)
+    with_cont = lambda r: sum(t.n_leaves > len(t.root.children) for t in r.trees)  # noqa: E731
+    assert with_cont(own) > with_cont(pooled)
+
+
+def test_trace_tree_without_prefixes_returns_its_share_to_roots_not_to_other_trees():
+    # one-turn episodes: no tree has a prefix, so Stage 2's whole budget goes back to roots
+    result, _ = step("trace", budget=BudgetLimit(per_step=40), n_turns=1, explore_frac=0.0)
+    assert result.spent.n_leaves == 40
+    assert all(t.n_leaves == len(t.root.children) for t in result.trees)
+    assert result.waves[-1].diagnostics["n_top_up_roots"] == 20
+
+
+def test_trace_flip_floor_skips_prefixes_that_cannot_flip():
+    # a predictor sure of every prefix (p = 0.999 on histories, 0.5 on prompts): q ≈ 1 for a
+    # success, so no continuation clears a floor of 0.05 and the budget goes to roots
+    prompts, p = make_pool(30, 0)
+    sure = FixedPredictor({pr.text: 0.5 for pr in prompts}, default=0.999)
+
+    def run(floor: float):
+        return run_step(
+            make_allocator("trace", explore_frac=0.0, min_flip_prob=floor, p_clip=0.0),
+            prompts,
+            execute=MartingaleExecutor({k: 0.999 for k in p}, seed=0, n_turns=3),
+            budget=BudgetLimit(per_step=48),
+            rng=np.random.default_rng(0),
+            predictor=sure,
+        )
+
+    off, on = run(0.0), run(0.05)
+    continuations = lambda r: sum(t.n_leaves - len(t.root.children) for t in r.trees)  # noqa: E731
+    assert continuations(off) == 24 and continuations(on) == 0
+    assert on.spent.n_leaves == 48  # N fell to 0: the roots took the budget
+    with pytest.raises(ValueError, match="min_flip_prob"):
+        Trace(min_flip_prob=0.6)
+
+
+def test_placement_check_rejects_a_plan_over_a_trees_share():
+    from trace_alloc.allocators import check_placement
+
+    result, _ = step("trace", budget=BudgetLimit(per_step=24), explore_frac=0.0)
+    tree_index = next(i for i, t in enumerate(result.trees) if t.n_leaves)
+    tree = result.trees[tree_index]
+    prefix = next(n.node_id for n in tree.nodes[1:] if not n.is_leaf)
+    m = len(tree.root.children)
+    over = [RolloutRequest(tree_index=tree_index, node_id=prefix, n=m + 1)]
+    with pytest.raises(AllocError, match="placement invariant"):
+        check_placement(result.trees, over, 1)
