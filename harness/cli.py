@@ -99,6 +99,8 @@ def _setup_logging(level: int) -> None:
     if level > logging.DEBUG:
         # httpx logs every request at INFO: a line per search step of an env on a remote index
         logging.getLogger("httpx").setLevel(logging.WARNING)
+        # faiss logs each CPU-feature variant it tries at import: eight lines before any output
+        logging.getLogger("faiss.loader").setLevel(logging.WARNING)
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]", handlers=[handler])
 
 

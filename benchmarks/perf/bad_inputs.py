@@ -79,6 +79,8 @@ def bad_command_lines(scratch: Path) -> dict[str, list[str]]:
         "demo: steps not a number": ["demo", *run, "--steps", "many"],
         "demo: unknown question set": ["demo", *run, "--questions", "easy"],
         "demo: unknown flag": ["demo", *run, "--no-such-flag"],
+        "demo: negative steps": ["demo", *run, "--steps", "-1"],
+        "demo: no unseen questions": ["demo", *run, "--unseen-questions", "0"],
         "demo-env: top-k 0": ["demo-env", "--top-k", "0"],
         "demo-env: epsilon 2": ["demo-env", "--epsilon", "2"],
         "demo-env: 9 hops": ["demo-env", "--world.max-hops", "9"],

@@ -107,6 +107,30 @@ class DemoConfig:
     """Rebuild the warm-started policy from scratch and retrain, ignoring every cache."""
     progress: bool = True
 
+    def __post_init__(self) -> None:
+        # refused before anything is built: a bad value would otherwise surface minutes in
+        counts = {
+            "budget_per_step": self.budget_per_step,
+            "pool_size": self.pool_size,
+            "unseen_questions": self.unseen_questions,
+            "unseen_samples": self.unseen_samples,
+            "fact_disjoint_questions": self.fact_disjoint_questions,
+            "fact_disjoint_samples": self.fact_disjoint_samples,
+            "decoy_questions": self.decoy_questions,
+            "decoy_samples": self.decoy_samples,
+            "curve_questions": self.curve_questions,
+        }
+        for name, value in counts.items():
+            if value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+        for name, value in {"steps": self.steps, "curve_every": self.curve_every}.items():
+            if value < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be 0 or more, got {value}")
+        if self.lr < 0 or self.kl_coef < 0:
+            raise ValueError(f"--lr and --kl-coef must be 0 or more, got {self.lr}, {self.kl_coef}")
+        if not self.eval_temperature > 0:
+            raise ValueError(f"--eval-temperature must be positive, got {self.eval_temperature}")
+
 
 def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, list[tuple[list[QATask], Any]]]:
     """Each test set's corpora: their questions (each repeated once per sample), env factory."""
