@@ -401,5 +401,5 @@ def test_a_list_file_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
     compress_flat_index(flat_path, tmp_path / "idx", CompressConfig(preset="rabitqfs", nlist=4))
     codes = tmp_path / "idx" / "lists.codes"
     codes.write_bytes(codes.read_bytes()[:-1])
-    with pytest.raises(IndexFormatError, match="lists.sizes.npy implies"):
+    with pytest.raises(IndexFormatError, match=r"lists\.sizes\.npy implies"):
         CompressedIndex(tmp_path / "idx")

@@ -63,7 +63,7 @@ def test_bad_exports_and_flags_are_refused(tmp_path: Path, exported: Path) -> No
         OnnxEncoder(tmp_path)
     with pytest.raises(EncoderError, match="mean or cls"):
         OnnxEncoder(exported, pooling="pooler")
-    with pytest.raises(EncoderError, match="1..512"):
+    with pytest.raises(EncoderError, match=r"1\.\.512"):
         OnnxEncoder(exported, max_length=4096)
 
 
