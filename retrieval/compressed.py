@@ -475,13 +475,18 @@ class CompressedIndex:
             False,
             self._params,
         )
-        self._lists.load_rest_in_background()
         return scores, ids
 
     @property
     def lists(self) -> LazyLists | None:
         """The IVF lists loaded on demand (None: the index file holds them)."""
         return self._lists
+
+    def load_lists(self) -> None:
+        """Load every list now and wait: the state a server reaches after its first search."""
+        if self._lists is not None:
+            self._lists.load_rest_in_background()
+            self._lists.wait()
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top `k` rows per query, scored exactly from the flat file when re-ranking.
@@ -495,9 +500,11 @@ class CompressedIndex:
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         scores, ids = self.candidates(vectors, k)  # (Q, k·k_factor)
-        if self._flat is None:
-            return scores[:, :k], ids[:, :k]
-        return rerank(self._flat, vectors, ids, k, inner_product=self._ip)
+        if self._flat is not None:
+            scores, ids = rerank(self._flat, vectors, ids, k, inner_product=self._ip)
+        if self._lists is not None:  # after the first answer, not competing with it
+            self._lists.load_rest_in_background()
+        return scores[:, :k], ids[:, :k]
 
 
 def rerank(

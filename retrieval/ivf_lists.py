@@ -119,7 +119,7 @@ class LazyLists:
         )
         self._code_end = np.cumsum(code_bytes)
         self._id_end = np.cumsum(self.sizes)
-        self._maps: list[mmap.mmap] = []
+        self._maps: dict[str, mmap.mmap] = {}
         self._codes = self._map(directory / "lists.codes", int(self._code_end[-1]))
         self._ids = self._map(directory / "lists.ids", 8 * int(self._id_end[-1])).view("<i8")
         self._loaded = np.zeros(len(self.sizes), dtype=bool)
@@ -138,8 +138,15 @@ class LazyLists:
             mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
         # a query's lists lie apart in the file: no read-ahead beyond the pages asked for
         mapping.madvise(mmap.MADV_RANDOM)
-        self._maps.append(mapping)
+        self._maps[path.name] = mapping
         return np.frombuffer(mapping, dtype=np.uint8)
+
+    def _prefetch(self, name: str, start: int, stop: int) -> None:
+        """Ask the kernel to read bytes [start, stop) of a list file ahead, in large requests."""
+        mapping = self._maps.get(name)
+        if mapping is not None and stop > start:
+            first = start - start % mmap.PAGESIZE  # madvise wants a page-aligned start
+            mapping.madvise(mmap.MADV_WILLNEED, first, stop - first)
 
     def _load(self, i: int) -> None:
         """Copy list `i` into faiss's lists (the caller holds the lock)."""
@@ -173,8 +180,14 @@ class LazyLists:
 
     def _load_rest(self) -> None:
         for start in range(0, len(self.sizes), _BACKGROUND_STEP):
+            stop = min(start + _BACKGROUND_STEP, len(self.sizes))
+            # whole steps are read in order: MADV_RANDOM's page-at-a-time faults would be slow
+            first = int(self._code_end[start - 1]) if start else 0
+            self._prefetch("lists.codes", first, int(self._code_end[stop - 1]))
+            first = int(self._id_end[start - 1]) if start else 0
+            self._prefetch("lists.ids", 8 * first, 8 * int(self._id_end[stop - 1]))
             with self._lock:
-                for i in range(start, min(start + _BACKGROUND_STEP, len(self.sizes))):
+                for i in range(start, stop):
                     if not self._loaded[i]:
                         self._load(i)
         self.complete.set()

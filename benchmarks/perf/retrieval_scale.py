@@ -661,6 +661,7 @@ def real_text_check(
             if not (out / "compressed.json").is_file():
                 compress_flat_index(flat_path, out, CompressConfig(preset=preset))  # type: ignore[arg-type]
             index = CompressedIndex(out, search=SearchDefaults(nprobe=4, k_factor=max(kf, 1)))
+            index.load_lists()
             index.set_search(SearchDefaults(nprobe=4, k_factor=kf, ef_search=32))
             _, ids = index.search(queries, K)
             table.setdefault(f"{preset}/kf{kf}", {})[name] = float(recall_at(ids, truth).mean())
@@ -963,6 +964,7 @@ def _measure_preset(
             centroids=centroids if shares else None,
         )
     index = CompressedIndex(out)
+    index.load_lists()  # times are the steady state's, after the lists' background load
     if shares and centroids is None:
         centroids = index.centroids()
     entry: dict[str, Any] = {
