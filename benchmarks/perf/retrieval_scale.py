@@ -425,12 +425,13 @@ _RSS_PROBE = textwrap.dedent(
     {first_query}
     scores, ids = index.search(q, 10)
     t3 = time.perf_counter()
+    r_query = read_bytes() - r_encoder  # before the background load of the other lists reads
     use = resource.getrusage(resource.RUSAGE_SELF)
     out = {{"imports_s": t1 - t0, "open_s": t2 - t1, "first_answer_s": t3 - t0,
             "encoder_s": tq - te, "encoder_libraries_s": tl, "query_s": t3 - tq,
             "cpu_s": use.ru_utime + use.ru_stime, "major_faults": use.ru_majflt,
             "read_bytes_imports": r0, "read_bytes_to_open": r_open - r0,
-            "read_bytes_encoder": r_encoder - r_open, "read_bytes_query": read_bytes() - r_encoder,
+            "read_bytes_encoder": r_encoder - r_open, "read_bytes_query": r_query,
             "lists_loaded": index.lists.n_loaded if index.lists else None,
             "torch_imported": "torch" in sys.modules,
             "index_anonymous_bytes": a1 - a0, "anonymous_bytes": anon(), "rss_bytes": anon("Rss:")}}
