@@ -865,14 +865,19 @@ def cold_start_model(
     """The cold start extrapolated to 21.0M rows, component by component.
 
     `cold_21m = imports + encoder + open + open_bytes · (21.0M / N - 1) / read_rate
-    + query · max(nprobe_21m / nprobe, k_factor_21m / k_factor)`. The libraries and the encoder
-    do not depend on N. The open reads what faiss does not map (`index.faiss`'s HNSW levels and
-    offsets, `lists.sizes.npy`: in proportion to nlist = N / 320): every byte of the index's
+    + query · max(nprobe_21m / nprobe, k_factor_21m / k_factor) + quantizer_bytes_21m /
+    read_rate`. The libraries and the encoder do not depend on N. The open reads what faiss
+    does not map (`index.faiss`'s HNSW levels and offsets, `lists.sizes.npy`: in proportion to
+    nlist = N / 320): every byte of the index's
     files it read (`index_read_bytes_to_open`, measured with the libraries cached) is taken to
     grow with N, at the disk's sequential rate (an upper bound: the flat file's fingerprint,
     2 MiB and its read-ahead, does not grow). The first query reads `nprobe` lists, whose size
     does not change with N (320 rows), and `k · k_factor` flat-file rows, so it is scaled by
-    the larger of the two ratios (its encoding too: an upper bound).
+    the larger of the two ratios (its encoding too: an upper bound). Its HNSW walk over the
+    centroids faults in pages of the mapped centroids and graph, which grow with nlist: the
+    whole of them at 21.0M (`_fixed_bytes`, 0.22 GB) is added, read at the disk's rate
+    (`+ quantizer_bytes_21m / read_rate`: an upper bound, a walk touches a few thousand
+    centroids of 65,536).
     """
     n = int(record["n_rows"])
     search = record["search"]
@@ -885,6 +890,7 @@ def cold_start_model(
         "open_s": cold["open_s"]
         + cold["index_read_bytes_to_open"] * (WIKI18_ROWS / n - 1) / max(read_rate, 1.0),
         "query_s": cold["query_s"] * query_ratio,
+        "quantizer_pages_s": _fixed_bytes(CompressConfig().nlist_for(WIKI18_ROWS)) / read_rate,
     }
     return {
         "cold_start_s_21m": sum(parts.values()),
@@ -895,7 +901,7 @@ def cold_start_model(
         "query_ratio": query_ratio,
         "disk_read_bytes_per_s": read_rate,
         "formula": "imports + encoder + open + open_bytes * (21.0M / N - 1) / read_rate"
-        " + query * max(nprobe ratio, k_factor ratio)",
+        " + query * max(nprobe ratio, k_factor ratio) + quantizer_bytes_21m / read_rate",
     }
 
 
