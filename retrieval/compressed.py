@@ -456,7 +456,8 @@ class CompressedIndex:
             scores, ids = self._index.search(vectors, n_candidates, params=self._params)
             return scores, ids
         # lists still loading: the cells to probe first, then only their lists are awaited
-        distances, cells = self._ivf.quantizer.search(
+        ivf: Any = self._ivf  # the IVF index itself (split lists: no pre-transform in front)
+        distances, cells = ivf.quantizer.search(
             vectors, self.settings.nprobe, params=self._params.quantizer_params
         )
         self._lists.ensure(cells)
@@ -464,7 +465,7 @@ class CompressedIndex:
         ids = np.empty((len(vectors), n_candidates), dtype=np.int64)
         # the same answers as search(): the same cells, the same codes (the SWIG call: faiss's
         # Python wrapper of search_preassigned takes no search parameters)
-        self._ivf.search_preassigned_c(
+        ivf.search_preassigned_c(
             len(vectors),
             faiss.swig_ptr(vectors),
             n_candidates,

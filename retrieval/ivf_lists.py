@@ -25,7 +25,7 @@ import logging
 import mmap
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -47,7 +47,10 @@ def splittable(index: Any) -> bool:
     # an IVF index itself: one behind a pre-transform (opq96fs) keeps its lists inside
     if not isinstance(index, faiss.IndexIVF):
         return False
-    return isinstance(faiss.downcast_InvertedLists(index.invlists), faiss.BlockInvertedLists)
+    # faiss's type information lacks the fast-scan lists' class and attributes: read as Any
+    lists = cast(Any, faiss.downcast_InvertedLists(cast(Any, index).invlists))
+    block: Any = faiss.BlockInvertedLists  # type: ignore[attr-defined]
+    return isinstance(lists, block)
 
 
 def has_split_lists(directory: Path) -> bool:
@@ -71,7 +74,7 @@ def split_lists(index: Any, directory: Path) -> int:
     """
     import faiss
 
-    lists = faiss.downcast_InvertedLists(index.invlists)
+    lists = cast(Any, faiss.downcast_InvertedLists(index.invlists))
     nlist, n_per_block, block_size = int(lists.nlist), int(lists.n_per_block), lists.block_size
     sizes = np.array([lists.list_size(i) for i in range(nlist)], dtype=np.int64)
     code_bytes = _block_bytes(sizes, n_per_block, int(block_size))
@@ -86,7 +89,7 @@ def split_lists(index: Any, directory: Path) -> int:
             ids.write(faiss.rev_swig_ptr(lists.get_ids(i), int(sizes[i])).tobytes())
     np.save(directory / "lists.sizes.npy", sizes, allow_pickle=False)
     packer = index.get_CodePacker()
-    empty = faiss.BlockInvertedLists(nlist, packer)
+    empty = faiss.BlockInvertedLists(nlist, packer)  # type: ignore[attr-defined]
     packer.this.disown()  # the lists own their packer, the index its lists
     index.replace_invlists(empty, True)
     empty.this.disown()
@@ -107,7 +110,7 @@ class LazyLists:
     def __init__(self, index: Any, directory: Path) -> None:
         import faiss
 
-        self._lists = faiss.downcast_InvertedLists(index.invlists)
+        self._lists = cast(Any, faiss.downcast_InvertedLists(index.invlists))
         self.sizes: np.ndarray = np.load(directory / "lists.sizes.npy", allow_pickle=False)
         if len(self.sizes) != self._lists.nlist:
             raise IndexFormatError(

@@ -49,7 +49,7 @@ import textwrap
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 import tyro
@@ -550,10 +550,11 @@ int8 (`PooledEncoder(precision="int8-onnx")`) and the fp32 export served without
 def _encoder(folder: Path, precision: str, onnx_cache: Path, **kwargs: Any) -> Any:
     """`PooledEncoder` at `precision`, or for onnx-fp32 an `OnnxEncoder` of its export."""
     from retrieval.onnx_encoder import OnnxEncoder
-    from retrieval.prebuilt import PooledEncoder
+    from retrieval.prebuilt import PooledEncoder, Precision
 
     if precision != "onnx-fp32":
-        return PooledEncoder(folder, precision=precision, cache_dir=onnx_cache, **kwargs)
+        torch_precision = cast(Precision, precision)
+        return PooledEncoder(folder, precision=torch_precision, cache_dir=onnx_cache, **kwargs)
     return OnnxEncoder(exported_encoder(folder, onnx_cache), threads=1, **kwargs)
 
 
