@@ -141,10 +141,10 @@ class ExportEncoderCommand:
     "Wiki-18 in 8 GB").
     """
 
-    encoder: str | None
-    """the transformers model folder (e5-base-v2, ...); None: the packaged MiniLM"""
     out: Path
     """the folder to write"""
+    encoder: str | None = None
+    """the transformers model folder (e5-base-v2, ...); unset: the packaged MiniLM"""
     precision: Literal["fp32", "int8"] = "fp32"
     """fp32 (agrees with torch's fp32 to rounding) or int8 (ONNX Runtime's dynamic
     quantisation: faster, top-3 agreement with fp32 measured at 0.85 on MiniLM)"""

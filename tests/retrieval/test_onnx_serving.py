@@ -137,3 +137,11 @@ def test_the_compressed_server_answers_without_importing_torch(
                 encoder_precision="bf16",
             )
         )
+
+
+def test_the_cli_will_not_overwrite_an_export(tmp_path: Path, exported: Path) -> None:
+    from retrieval.cli import index
+
+    (tmp_path / "onnx_encoder.json").write_text((exported / "onnx_encoder.json").read_text())
+    with pytest.raises(SystemExit, match="already holds an export; pass --overwrite"):
+        index(["export-encoder", "--out", str(tmp_path)])
