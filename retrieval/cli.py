@@ -23,6 +23,7 @@ from retrieval.protocol import ServerLimits, render_result
 __all__ = [
     "BuildConfig",
     "CompressCommand",
+    "ExportEncoderCommand",
     "SearchConfig",
     "ServeConfig",
     "StatsCommand",
@@ -131,6 +132,27 @@ class CompressCommand:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExportEncoderCommand:
+    """Export a query encoder to ONNX, so `serve-retriever` runs it without torch.
+
+    The folder it writes (model.onnx, tokenizer.json, onnx_encoder.json) goes to
+    `serve-retriever --encoder DIR` in place of the model folder: the server then imports
+    neither torch nor transformers, which took most of a cold start (docs/retrieval.md,
+    "Wiki-18 in 8 GB").
+    """
+
+    out: Path
+    """the folder to write"""
+    encoder: str | None = None
+    """the transformers model folder (e5-base-v2, ...); unset: the packaged MiniLM"""
+    precision: Literal["fp32", "int8"] = "fp32"
+    """fp32 (agrees with torch's fp32 to rounding) or int8 (ONNX Runtime's dynamic
+    quantisation: faster, top-3 agreement with fp32 measured at 0.85 on MiniLM)"""
+    overwrite: bool = False
+    """replace an export already at --out"""
+
+
+@dataclass(frozen=True, kw_only=True)
 class StatsCommand:
     """Print what judges an index against its queries: bytes per vector, score geometry."""
 
@@ -168,11 +190,14 @@ class ServeConfig:
     """with --compressed: candidates re-ranked exactly per hit (0: none; unset: the default)"""
     encoder_precision: Literal["fp32", "bf16", "int8", "int8-onnx"] = "fp32"
     """with --faiss-index or --compressed: the query encoder's arithmetic (int8: torch dynamic
-    quantisation, the fastest on a CPU; docs/retrieval.md gives its agreement with fp32)"""
+    quantisation, the fastest on a CPU; docs/retrieval.md gives its agreement with fp32); an
+    exported --encoder keeps the precision it was exported in"""
     corpus: Path | None = None
     """with --faiss-index: the corpus JSONL ({"id", "contents"}), never loaded into memory"""
     encoder: str | None = None
-    """with --faiss-index: the query encoder's model folder; unset: the packaged MiniLM"""
+    """with --faiss-index or --compressed: the query encoder's model folder, or a folder
+    written by `tracerl index export-encoder` (served by ONNX Runtime: the server then imports
+    no torch); unset: the packaged MiniLM"""
     pooling: Literal["mean", "cls", "pooler"] = "mean"
     """with --faiss-index: how the encoder pools token states (e5: mean, bge: cls)"""
     query_prefix: str = ""
@@ -199,12 +224,13 @@ class ServeConfig:
 
 
 def index(argv: list[str]) -> int:
-    """`tracerl index build|search`."""
+    """`tracerl index build|search|compress|export-encoder|stats`."""
     config = tyro.extras.subcommand_cli_from_dict(
         {
             "build": BuildConfig,
             "search": SearchConfig,
             "compress": CompressCommand,
+            "export-encoder": ExportEncoderCommand,
             "stats": StatsCommand,
         },
         args=argv,
@@ -217,6 +243,8 @@ def index(argv: list[str]) -> int:
             _compress(config)
         elif isinstance(config, StatsCommand):
             _stats(config)
+        elif isinstance(config, ExportEncoderCommand):
+            _export_encoder(config)
         else:
             _search(config)
     except (RetrievalError, ValueError) as err:
@@ -302,6 +330,19 @@ def _compress(config: CompressCommand) -> None:
     )
 
 
+def _export_encoder(config: ExportEncoderCommand) -> None:
+    from retrieval.onnx_encoder import export_encoder, is_exported
+
+    if is_exported(config.out) and not config.overwrite:
+        raise ValueError(f"{config.out} already holds an export; pass --overwrite to replace it")
+    start = time.perf_counter()
+    record = export_encoder(config.encoder, config.out, precision=config.precision)
+    print(
+        f"exported {record['source']} ({record['precision']}, dim {record['hidden_size']}) in "
+        f"{time.perf_counter() - start:.1f} s: serve it with --encoder {config.out}"
+    )
+
+
 def _stats(config: StatsCommand) -> None:
     import numpy as np
 
@@ -364,16 +405,47 @@ def _serve_retriever(config: ServeConfig) -> Any:
     if config.corpus is None:
         raise ValueError("--faiss-index needs --corpus FILE (the JSONL the index was built over)")
     assert config.faiss_index is not None  # exactly one of --index and --faiss-index, above
-    from retrieval.prebuilt import PooledEncoder, PrebuiltRetriever
+    from retrieval.prebuilt import PrebuiltRetriever
 
-    encoder = PooledEncoder(
+    return PrebuiltRetriever(
+        config.faiss_index,
+        config.corpus,
+        _query_encoder(config),
+        query_prefix=config.query_prefix,
+        mmap=True,
+    )
+
+
+def _query_encoder(config: ServeConfig) -> Any:
+    """The query encoder: ONNX Runtime's for an exported folder, else torch's.
+
+    Raises:
+        ValueError: --encoder-precision is given with an exported folder, whose precision was
+            fixed at export.
+    """
+    from retrieval.onnx_encoder import OnnxEncoder, is_exported
+
+    if config.encoder is not None and is_exported(config.encoder):
+        if config.encoder_precision != "fp32":
+            raise ValueError(
+                f"--encoder {config.encoder} is an ONNX export, whose precision was fixed when "
+                "it was exported; drop --encoder-precision (or export again with --precision)"
+            )
+        if config.pooling == "pooler":
+            raise ValueError("an exported encoder pools mean or cls, not pooler")
+        return OnnxEncoder(
+            config.encoder,
+            pooling=config.pooling,
+            max_length=config.query_max_length,
+            threads=config.threads,
+        )
+    from retrieval.prebuilt import PooledEncoder
+
+    return PooledEncoder(
         config.encoder,
         pooling=config.pooling,
         max_length=config.query_max_length,
         precision=config.encoder_precision,
-    )
-    return PrebuiltRetriever(
-        config.faiss_index, config.corpus, encoder, query_prefix=config.query_prefix, mmap=True
     )
 
 
@@ -390,7 +462,7 @@ def _serve_compressed(config: ServeConfig, compressed: Path) -> Any:
             "--compressed needs --corpus FILE (the JSONL the flat index was built over)"
         )
     from retrieval.compressed import CompressedIndex, SearchDefaults, read_compressed_record
-    from retrieval.prebuilt import PooledEncoder, PrebuiltRetriever
+    from retrieval.prebuilt import PrebuiltRetriever
 
     defaults = SearchDefaults(**read_compressed_record(compressed)["search"])
     search = SearchDefaults(
@@ -399,13 +471,9 @@ def _serve_compressed(config: ServeConfig, compressed: Path) -> Any:
         ef_search=defaults.ef_search,
     )
     index = CompressedIndex(compressed, flat_path=config.faiss_index, search=search)
-    encoder = PooledEncoder(
-        config.encoder,
-        pooling=config.pooling,
-        max_length=config.query_max_length,
-        precision=config.encoder_precision,
+    return PrebuiltRetriever(
+        index, config.corpus, _query_encoder(config), query_prefix=config.query_prefix
     )
-    return PrebuiltRetriever(index, config.corpus, encoder, query_prefix=config.query_prefix)
 
 
 def serve_retriever(argv: list[str]) -> int:
@@ -416,10 +484,14 @@ def serve_retriever(argv: list[str]) -> int:
     thread_setup = None
     if config.threads is not None:
         import faiss
-        import torch
+
+        from retrieval.onnx_encoder import is_exported
 
         # process-wide settings, fine here: this process exists to serve this index
-        torch.set_num_threads(config.threads)
+        if config.encoder is None or not is_exported(config.encoder):
+            import torch  # an exported encoder takes its threads itself, and no torch
+
+            torch.set_num_threads(config.threads)
         faiss.omp_set_num_threads(config.threads)
         # faiss's OpenMP count holds per thread only, so the searching thread sets it again
         thread_setup = functools.partial(faiss.omp_set_num_threads, config.threads)

@@ -20,6 +20,11 @@ rows, so they add little). For wiki-18 with the default preset (21.0M rows, `nli
 30 training rows per cell, `rabitqfs`'s 128 bytes a row with its id and block padding) that is
 6.0 + 2.7 + 0.2 + 0.6 GB, about 9.5 GB.
 
+The fast-scan presets' lists (rabitqfs's codes) are stored beside the index, not in it
+(`retrieval.ivf_lists`): faiss cannot map them, and reading them all at open took most of a cold
+start. `CompressedIndex` maps them and copies a list into memory when a query first probes it,
+then the rest in a background thread after the first search.
+
 `CompressedIndex` serves it: the IVF codes are in memory (the bytes each query reads), and the
 `k·k_factor` best candidates of each query are re-scored exactly, in C++, from the flat file,
 memory-mapped read-only (`retrieval.faiss_files.FlatVectors`): no copy, only the pages of the
@@ -43,6 +48,7 @@ from tqdm.auto import tqdm
 
 from retrieval.errors import IndexFormatError, IndexMismatchError
 from retrieval.faiss_files import FlatVectors, file_fingerprint, read_index
+from retrieval.ivf_lists import LIST_FILES, LazyLists, has_split_lists, split_lists, splittable
 
 __all__ = [
     "COMPRESSED_NAME",
@@ -270,6 +276,10 @@ def compress_flat_index(
         flat.close()
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in LIST_FILES:  # an --overwrite of a directory split before
+        (out_dir / name).unlink(missing_ok=True)
+    # fast-scan lists go beside the index, where they can be mapped (retrieval.ivf_lists)
+    list_bytes = split_lists(index, out_dir) if splittable(index) else 0
     faiss.write_index(index, str(out_dir / _INDEX_NAME))
     record: dict[str, Any] = {
         "schema_version": _SCHEMA_VERSION,
@@ -287,7 +297,8 @@ def compress_flat_index(
         "flat_file": str(flat_path.resolve()),
         "flat_fingerprint": file_fingerprint(flat_path),
         "flat_rows": flat.n,
-        "index_bytes": (out_dir / _INDEX_NAME).stat().st_size,
+        "index_bytes": (out_dir / _INDEX_NAME).stat().st_size + list_bytes,
+        "lists": "split" if list_bytes else "in-index",
         "train_s": round(train_s, 3),
         "add_s": round(add_s, 3),
         "build_s": round(time.perf_counter() - start, 3),
@@ -352,7 +363,13 @@ class CompressedIndex:
         self.directory = Path(directory)
         self.record = read_compressed_record(self.directory)
         self.settings = search or SearchDefaults(**self.record["search"])
-        self._index = read_index(self.directory / _INDEX_NAME, mmap=False)
+        self._lists: LazyLists | None = None
+        if has_split_lists(self.directory):
+            # the lists come in as queries probe them; the rest of the file is mapped
+            self._index = read_index(self.directory / _INDEX_NAME, mmap=True, ifc=True)
+            self._lists = LazyLists(self._index, self.directory)
+        else:
+            self._index = read_index(self.directory / _INDEX_NAME, mmap=False)
         self.ntotal = int(self._index.ntotal)
         self.d = int(self._index.d)
         self._flat: FlatVectors | None = None
@@ -432,9 +449,45 @@ class CompressedIndex:
 
     def candidates(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The compressed index's own top `k·k_factor` (top `k` without re-rank), best first."""
+        import faiss
+
         n_candidates = min(self.ntotal, k * max(1, self.settings.k_factor))
-        scores, ids = self._index.search(vectors, n_candidates, params=self._params)
+        if self._lists is None or self._lists.complete.is_set():
+            scores, ids = self._index.search(vectors, n_candidates, params=self._params)
+            return scores, ids
+        # lists still loading: the cells to probe first, then only their lists are awaited
+        ivf: Any = self._ivf  # the IVF index itself (split lists: no pre-transform in front)
+        distances, cells = ivf.quantizer.search(
+            vectors, self.settings.nprobe, params=self._params.quantizer_params
+        )
+        self._lists.ensure(cells)
+        scores = np.empty((len(vectors), n_candidates), dtype=np.float32)
+        ids = np.empty((len(vectors), n_candidates), dtype=np.int64)
+        # the same answers as search(): the same cells, the same codes (the SWIG call: faiss's
+        # Python wrapper of search_preassigned takes no search parameters)
+        ivf.search_preassigned_c(
+            len(vectors),
+            faiss.swig_ptr(vectors),
+            n_candidates,
+            faiss.swig_ptr(np.ascontiguousarray(cells)),
+            faiss.swig_ptr(np.ascontiguousarray(distances)),
+            faiss.swig_ptr(scores),
+            faiss.swig_ptr(ids),
+            False,
+            self._params,
+        )
         return scores, ids
+
+    @property
+    def lists(self) -> LazyLists | None:
+        """The IVF lists loaded on demand (None: the index file holds them)."""
+        return self._lists
+
+    def load_lists(self) -> None:
+        """Load every list now and wait: the state a server reaches after its first search."""
+        if self._lists is not None:
+            self._lists.load_rest_in_background()
+            self._lists.wait()
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top `k` rows per query, scored exactly from the flat file when re-ranking.
@@ -448,9 +501,11 @@ class CompressedIndex:
         """
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         scores, ids = self.candidates(vectors, k)  # (Q, k·k_factor)
-        if self._flat is None:
-            return scores[:, :k], ids[:, :k]
-        return rerank(self._flat, vectors, ids, k, inner_product=self._ip)
+        if self._flat is not None:
+            scores, ids = rerank(self._flat, vectors, ids, k, inner_product=self._ip)
+        if self._lists is not None:  # after the first answer, not competing with it
+            self._lists.load_rest_in_background()
+        return scores[:, :k], ids[:, :k]
 
 
 def rerank(

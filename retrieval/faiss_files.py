@@ -83,7 +83,7 @@ def index_fourcc(path: str | Path) -> bytes:
     return tag
 
 
-def read_index(path: str | Path, *, mmap: bool) -> Any:
+def read_index(path: str | Path, *, mmap: bool, ifc: bool = False) -> Any:
     """Read a faiss index, memory-mapping its bulk where faiss can.
 
     Args:
@@ -91,6 +91,9 @@ def read_index(path: str | Path, *, mmap: bool) -> Any:
         mmap: map the file read-only (flat, HNSW and other flat-code indexes with
             `IO_FLAG_MMAP_IFC`, IVF indexes' inverted lists with `IO_FLAG_MMAP`) instead of
             reading it into memory.
+        ifc: with `mmap`, use `IO_FLAG_MMAP_IFC` on an IVF file too: it maps the centroids
+            and an HNSW quantizer's graph, not the lists (for a file whose lists are kept
+            apart, `retrieval.ivf_lists`).
 
     Raises:
         IndexFormatError: the file is missing or faiss cannot read it, or faiss is older than
@@ -109,7 +112,8 @@ def read_index(path: str | Path, *, mmap: bool) -> Any:
                 "came in faiss 1.11); pip install 'faiss-cpu>=1.11'"
             )
         ivf = index_fourcc(path)[:2] in _IVF_TAGS
-        flags = (faiss.IO_FLAG_MMAP if ivf else faiss.IO_FLAG_MMAP_IFC) | faiss.IO_FLAG_READ_ONLY
+        lists = ivf and not ifc
+        flags = (faiss.IO_FLAG_MMAP if lists else faiss.IO_FLAG_MMAP_IFC) | faiss.IO_FLAG_READ_ONLY
     try:
         return faiss.read_index(str(path), flags)
     except RuntimeError as err:

@@ -283,6 +283,8 @@ class PooledEncoder:
             return np.asarray(vectors.cpu().numpy())
 
     def _encode_onnx(self, batch: list[str]) -> np.ndarray:
+        from retrieval.onnx_encoder import pool
+
         inputs = self._tokenizer(
             batch, max_length=self.max_length, padding=True, truncation=True, return_tensors="np"
         )
@@ -290,12 +292,7 @@ class PooledEncoder:
         (hidden,) = self._session.run(
             None, {"input_ids": inputs["input_ids"].astype(np.int64), "attention_mask": mask}
         )  # (B, L, dim)
-        if self.pooling == "mean":
-            weights = mask[..., None].astype(np.float32)
-            vectors = (hidden * weights).sum(1) / weights.sum(1)  # (B, dim)
-        else:
-            vectors = hidden[:, 0]
-        return np.asarray(vectors / np.linalg.norm(vectors, axis=1, keepdims=True), np.float32)
+        return pool(hidden, mask, self.pooling)
 
 
 class VectorIndex(Protocol):

@@ -329,3 +329,77 @@ def test_serve_retriever_flags_open_a_compressed_index(tmp_path: Path) -> None:
     assert served.manifest.params["search"]["k_factor"] == 2
     hits = served.search(["anything at all"], 3)[0]
     assert len(hits) == 3 and hits[0].score >= hits[1].score >= hits[2].score
+
+
+def _fast_scan_flat(tmp_path: Path, n: int, d: int) -> tuple[Path, np.ndarray]:
+    rng = np.random.default_rng(4)
+    centres = rng.standard_normal((40, d))
+    x = _unit(centres[rng.integers(0, 40, n)] + 0.5 * rng.standard_normal((n, d)))
+    flat = faiss.IndexFlatIP(d)
+    flat.add(x)
+    faiss.write_index(flat, str(tmp_path / "flat.index"))
+    return tmp_path / "flat.index", _unit(x[:30] + 0.2 * rng.standard_normal((30, d)))
+
+
+def test_fast_scan_lists_load_as_queries_probe_them_with_the_same_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import retrieval.compressed as compressed
+    from retrieval.ivf_lists import LazyLists
+
+    flat_path, q = _fast_scan_flat(tmp_path, 3_000, 192)
+    config = CompressConfig(
+        preset="rabitqfs", nlist=20, search=SearchDefaults(nprobe=3, k_factor=4)
+    )
+    split = compress_flat_index(flat_path, tmp_path / "split", config)
+    assert split["lists"] == "split"
+    assert {"lists.codes", "lists.ids", "lists.sizes.npy"} <= {
+        p.name for p in (tmp_path / "split").iterdir()
+    }
+    with monkeypatch.context() as patch:  # the same build, its lists left inside the file
+        patch.setattr(compressed, "splittable", lambda index: False)
+        whole = compress_flat_index(flat_path, tmp_path / "whole", config)
+    assert whole["lists"] == "in-index"
+    assert split["index_bytes"] > (tmp_path / "split" / "index.faiss").stat().st_size
+
+    started: list[LazyLists] = []
+    monkeypatch.setattr(LazyLists, "load_rest_in_background", lambda self: started.append(self))
+    index = CompressedIndex(tmp_path / "split")
+    lists = index.lists
+    assert lists is not None and lists.n_loaded == 0  # nothing read at open
+    first = index.search(q[:1], 10)
+    probed = np.unique(index.coarse(q[:1]))
+    assert lists.n_loaded == len(probed) == 3  # only the probed lists were read
+    assert started == [lists]  # the rest is asked for after the first search
+    partial = index.search(q, 10)  # the preassigned path while lists are missing
+    lists.ensure(np.arange(20))
+    lists.complete.set()
+    full = index.search(q, 10)  # faiss's own search over complete lists
+    reference = CompressedIndex(tmp_path / "whole").search(q, 10)
+    assert CompressedIndex(tmp_path / "whole").lists is None
+    for got in (partial, full):
+        assert np.array_equal(got[1], reference[1]) and np.allclose(got[0], reference[0])
+    assert np.array_equal(first[1], reference[1][:1])
+
+
+def test_the_background_thread_loads_every_list(tmp_path: Path) -> None:
+    flat_path, q = _fast_scan_flat(tmp_path, 2_000, 64)
+    config = CompressConfig(
+        preset="rabitqfs", nlist=12, search=SearchDefaults(nprobe=2, k_factor=4)
+    )
+    compress_flat_index(flat_path, tmp_path / "idx", config)
+    index = CompressedIndex(tmp_path / "idx")
+    assert index.lists is not None
+    before = index.search(q, 10)
+    assert index.lists.wait(60) and index.lists.n_loaded == 12
+    after = index.search(q, 10)
+    assert np.array_equal(before[1], after[1])
+
+
+def test_a_list_file_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
+    flat_path, _ = _fast_scan_flat(tmp_path, 1_000, 64)
+    compress_flat_index(flat_path, tmp_path / "idx", CompressConfig(preset="rabitqfs", nlist=4))
+    codes = tmp_path / "idx" / "lists.codes"
+    codes.write_bytes(codes.read_bytes()[:-1])
+    with pytest.raises(IndexFormatError, match=r"lists\.sizes\.npy implies"):
+        CompressedIndex(tmp_path / "idx")

@@ -126,3 +126,33 @@ def test_a_dense_index_directory_loads_mapped(
     use = "retriever.search(['p1'], 3)"
     added = _added_anonymous_bytes(setup, load, use)
     assert added < 0.05 * size, f"{added / 2**20:.1f} MiB added for {size / 2**20:.0f} MiB"
+
+
+def test_a_compressed_index_opens_without_reading_its_fast_scan_lists(
+    tmp_path: Path, vectors: np.ndarray, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # faiss reads fast-scan lists into memory whatever the flag; kept beside the index, they
+    # are mapped, and only the lists a query probes are copied in (retrieval/ivf_lists.py)
+    import retrieval.compressed as compressed
+
+    # 80,000 rows: 9 MB of lists, far above the 0.5-1 MB a Python process's opening adds
+    rng = np.random.default_rng(5)
+    rows = np.concatenate([vectors + 0.1 * rng.standard_normal(vectors.shape) for _ in range(4)])
+    flat = faiss.IndexFlatIP(DIM)
+    flat.add(rows.astype(np.float32))
+    faiss.write_index(flat, str(tmp_path / "flat.index"))
+    del flat, rows
+    config = compressed.CompressConfig(preset="rabitqfs", nlist=16)
+    compressed.compress_flat_index(tmp_path / "flat.index", tmp_path / "split", config)
+    with monkeypatch.context() as patch:
+        patch.setattr(compressed, "splittable", lambda index: False)
+        compressed.compress_flat_index(tmp_path / "flat.index", tmp_path / "whole", config)
+    list_bytes = sum((tmp_path / "split" / n).stat().st_size for n in ("lists.codes", "lists.ids"))
+    setup = "from retrieval.compressed import CompressedIndex"
+    opened = {
+        name: _added_anonymous_bytes(setup, f"index = CompressedIndex({str(tmp_path / name)!r})")
+        for name in ("split", "whole")
+    }
+    assert opened["whole"] > 0.9 * list_bytes  # the measurement sees lists read at open
+    # the same opening otherwise (0.5-1 MB of Python and faiss objects either way)
+    assert opened["whole"] - opened["split"] > 0.9 * list_bytes, opened

@@ -94,6 +94,8 @@ def test_wiki_scale_benchmark(tmp_path):
     served = result["sizes"][0]["presets"][result["default_preset"]]
     assert served["cold"]["same_as_warm"]  # a dropped page cache changes speed, not answers
     assert served["bytes_per_row"] < 768 * 4 / 8
+    cold = result["cold_start_probe"]  # served as the docs serve: the ONNX export, no torch
+    assert cold["torch_imported"] is False
 
 
 @pytest.mark.slow

@@ -1,0 +1,206 @@
+"""IVF fast-scan lists kept beside the index file, mapped, and loaded as queries probe them.
+
+faiss maps the inverted lists of an IVF file only when they are `ArrayInvertedLists`
+(`IO_FLAG_MMAP`). The fast-scan indexes (`IndexIVFRaBitQFastScan`, `IndexIVFPQFastScan`) keep
+theirs as `BlockInvertedLists` (codes packed in blocks of 32 rows for the SIMD kernels), which
+faiss 1.15 reads into memory whatever the flag: opening wiki-18's `rabitqfs` index means
+reading 2.7 GB before the first answer (measured: the same anonymous memory with
+`IO_FLAG_MMAP`, `IO_FLAG_MMAP_IFC` or no flag). So a compressed directory stores them apart:
+
+- `index.faiss`: the index with empty lists: centroids, their HNSW graph and the codes'
+  parameters (200 MB at 21M rows), opened with `IO_FLAG_MMAP_IFC`, which maps the centroids
+  and the graph instead of reading them;
+- `lists.codes`, `lists.ids`, `lists.sizes.npy`: every list's packed code blocks and its ids,
+  end to end, and the row count of each list.
+
+`LazyLists` maps the two files and copies a list into faiss's in-memory lists the first time a
+query probes it (the copy is of the packed blocks, byte for byte: no re-encoding). After the
+first search a background thread copies the rest, so a warm server searches faiss's own lists
+at faiss's own speed, and a cold one reads only what its first queries touch.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import threading
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+
+from retrieval.errors import IndexFormatError
+
+__all__ = ["LIST_FILES", "LazyLists", "has_split_lists", "split_lists", "splittable"]
+
+log = logging.getLogger(__name__)
+
+LIST_FILES = ("lists.codes", "lists.ids", "lists.sizes.npy")
+"""The files `split_lists` writes beside the index."""
+_BACKGROUND_STEP = 256  # lists copied per lock hold by the background thread
+
+
+def splittable(index: Any) -> bool:
+    """Whether `index` is an IVF index whose lists are faiss's `BlockInvertedLists`."""
+    import faiss
+
+    # an IVF index itself: one behind a pre-transform (opq96fs) keeps its lists inside
+    if not isinstance(index, faiss.IndexIVF):
+        return False
+    # faiss's type information lacks the fast-scan lists' class and attributes: read as Any
+    lists = cast(Any, faiss.downcast_InvertedLists(cast(Any, index).invlists))
+    block: Any = faiss.BlockInvertedLists  # type: ignore[attr-defined]
+    return isinstance(lists, block)
+
+
+def has_split_lists(directory: Path) -> bool:
+    """Whether `directory` holds the files `split_lists` writes."""
+    return all((directory / name).is_file() for name in LIST_FILES)
+
+
+def _block_bytes(sizes: np.ndarray, n_per_block: int, block_size: int) -> np.ndarray:
+    """Bytes of each list's packed codes: whole blocks of `n_per_block` rows."""
+    return (sizes + n_per_block - 1) // n_per_block * block_size
+
+
+def split_lists(index: Any, directory: Path) -> int:
+    """Move a fast-scan IVF index's lists into `LIST_FILES` under `directory`.
+
+    The index keeps its quantizer, parameters and `ntotal`, with empty lists in their place;
+    write it to `index.faiss` afterwards.
+
+    Returns:
+        The bytes written (codes and ids).
+    """
+    import faiss
+
+    lists = cast(Any, faiss.downcast_InvertedLists(index.invlists))
+    nlist, n_per_block, block_size = int(lists.nlist), int(lists.n_per_block), lists.block_size
+    sizes = np.array([lists.list_size(i) for i in range(nlist)], dtype=np.int64)
+    code_bytes = _block_bytes(sizes, n_per_block, int(block_size))
+    with (
+        (directory / "lists.codes").open("wb") as codes,
+        (directory / "lists.ids").open("wb") as ids,
+    ):
+        for i in range(nlist):
+            if sizes[i] == 0:
+                continue
+            codes.write(faiss.rev_swig_ptr(lists.get_codes(i), int(code_bytes[i])).tobytes())
+            ids.write(faiss.rev_swig_ptr(lists.get_ids(i), int(sizes[i])).tobytes())
+    np.save(directory / "lists.sizes.npy", sizes, allow_pickle=False)
+    packer = index.get_CodePacker()
+    empty = faiss.BlockInvertedLists(nlist, packer)  # type: ignore[attr-defined]
+    packer.this.disown()  # the lists own their packer, the index its lists
+    index.replace_invlists(empty, True)
+    empty.this.disown()
+    return int(code_bytes.sum() + 8 * sizes.sum())
+
+
+class LazyLists:
+    """The lists of an index opened without them, loaded from their mapped files on demand.
+
+    Args:
+        index: the IVF fast-scan index read from `index.faiss` (its lists empty).
+        directory: where `LIST_FILES` are.
+
+    Raises:
+        IndexFormatError: a file is missing, or its size disagrees with `lists.sizes.npy`.
+    """
+
+    def __init__(self, index: Any, directory: Path) -> None:
+        import faiss
+
+        self._lists = cast(Any, faiss.downcast_InvertedLists(index.invlists))
+        self.sizes: np.ndarray = np.load(directory / "lists.sizes.npy", allow_pickle=False)
+        if len(self.sizes) != self._lists.nlist:
+            raise IndexFormatError(
+                f"{directory}: lists.sizes.npy has {len(self.sizes)} lists, the index "
+                f"{self._lists.nlist}"
+            )
+        code_bytes = _block_bytes(
+            self.sizes, int(self._lists.n_per_block), int(self._lists.block_size)
+        )
+        self._code_end = np.cumsum(code_bytes)
+        self._id_end = np.cumsum(self.sizes)
+        self._maps: dict[str, mmap.mmap] = {}
+        self._codes = self._map(directory / "lists.codes", int(self._code_end[-1]))
+        self._ids = self._map(directory / "lists.ids", 8 * int(self._id_end[-1])).view("<i8")
+        self._loaded = np.zeros(len(self.sizes), dtype=bool)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.complete = threading.Event()
+        """set once every list is in memory"""
+
+    def _map(self, path: Path, expected: int) -> np.ndarray:
+        size = path.stat().st_size
+        if size != expected:
+            raise IndexFormatError(f"{path}: {size} bytes, lists.sizes.npy implies {expected}")
+        if size == 0:
+            return np.zeros(0, dtype=np.uint8)
+        with path.open("rb") as handle:
+            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        # a query's lists lie apart in the file: no read-ahead beyond the pages asked for
+        mapping.madvise(mmap.MADV_RANDOM)
+        self._maps[path.name] = mapping
+        return np.frombuffer(mapping, dtype=np.uint8)
+
+    def _prefetch(self, name: str, start: int, stop: int) -> None:
+        """Ask the kernel to read bytes [start, stop) of a list file ahead, in large requests."""
+        mapping = self._maps.get(name)
+        if mapping is not None and stop > start:
+            first = start - start % mmap.PAGESIZE  # madvise wants a page-aligned start
+            mapping.madvise(mmap.MADV_WILLNEED, first, stop - first)
+
+    def _load(self, i: int) -> None:
+        """Copy list `i` into faiss's lists (the caller holds the lock)."""
+        import faiss
+
+        n = int(self.sizes[i])
+        if n:
+            code_start = int(self._code_end[i - 1]) if i else 0
+            id_start = int(self._id_end[i - 1]) if i else 0
+            self._lists.resize(i, n)  # allocates whole blocks
+            codes = self._codes[code_start : int(self._code_end[i])]
+            faiss.rev_swig_ptr(self._lists.get_codes(i), len(codes))[:] = codes
+            faiss.rev_swig_ptr(self._lists.get_ids(i), n)[:] = self._ids[id_start : id_start + n]
+        self._loaded[i] = True
+
+    def ensure(self, cells: np.ndarray) -> None:
+        """Load the lists `cells` names (any shape; -1 ignored) that are not loaded yet."""
+        if self.complete.is_set():
+            return
+        wanted = np.unique(cells[cells >= 0])
+        with self._lock:
+            for i in wanted[~self._loaded[wanted]]:
+                self._load(int(i))
+
+    def load_rest_in_background(self) -> None:
+        """Start a daemon thread copying every list not loaded yet (once; later calls: no-op)."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._load_rest, name="ivf-lists", daemon=True)
+        self._thread.start()
+
+    def _load_rest(self) -> None:
+        for start in range(0, len(self.sizes), _BACKGROUND_STEP):
+            stop = min(start + _BACKGROUND_STEP, len(self.sizes))
+            # whole steps are read in order: MADV_RANDOM's page-at-a-time faults would be slow
+            first = int(self._code_end[start - 1]) if start else 0
+            self._prefetch("lists.codes", first, int(self._code_end[stop - 1]))
+            first = int(self._id_end[start - 1]) if start else 0
+            self._prefetch("lists.ids", 8 * first, 8 * int(self._id_end[stop - 1]))
+            with self._lock:
+                for i in range(start, stop):
+                    if not self._loaded[i]:
+                        self._load(i)
+        self.complete.set()
+        log.info("all %d IVF lists loaded", len(self.sizes))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every list is loaded (True), or `timeout` seconds (False)."""
+        return self.complete.wait(timeout)
+
+    @property
+    def n_loaded(self) -> int:
+        """How many lists are in memory."""
+        return int(self._loaded.sum())
