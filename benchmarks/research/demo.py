@@ -7,8 +7,9 @@
    with `benchmarks.qa.evaluation.evaluate` (what `tracerl bench` runs):
    - `unseen`: questions of worlds no policy ever trained on, each over its own index (the
      primary set: it measures searching and reading, not memory);
-   - `fact_disjoint`: questions of the warm start's world none of whose hop facts occurs in its
-     training questions' chains (familiar names, facts that must be read);
+   - `fact_disjoint`: questions of the worlds the warm start trained on (its world and its
+     demonstration worlds) none of whose hop facts occurs in that world's training questions'
+     chains, in its world's mix of question kinds (familiar names, facts that must be read);
    - `decoy`: the warm start's training questions over another world's documents (no
      observation holds the answer: EM here is answering from memory, and must stay near 0);
 3. **train**: RL with TRACE on a stream of freshly generated worlds, one per step
@@ -61,7 +62,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 TEST_SETS = ("unseen", "fact_disjoint", "decoy")
-"""`unseen`: worlds never trained on (primary); `fact_disjoint`: the warm start's world, facts
+"""`unseen`: worlds never trained on (primary); `fact_disjoint`: the warm start's worlds, facts
 no training question chains; `decoy`: its training questions over another world's documents."""
 
 LABELS = {
