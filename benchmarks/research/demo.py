@@ -53,7 +53,10 @@ __all__ = [
     "TEST_SETS",
     "DemoConfig",
     "demo",
+    "demo_test_sets",
+    "demo_train_config",
     "evaluate_test_sets",
+    "kind_em",
     "run_demo",
     "summary_sentence",
     "train_or_reuse",
@@ -167,7 +170,7 @@ class _CorpusRouter:
         return self._env.step(action)
 
 
-def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, tuple[list[QATask], Any]]:
+def demo_test_sets(artifacts: Any, config: DemoConfig) -> dict[str, tuple[list[QATask], Any]]:
     """Each test set's questions (each repeated once per sample) and its env factory.
 
     A set of several corpora (one per world) takes its questions equally from each, and its
@@ -197,7 +200,7 @@ def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, tuple[list[QATas
     return sets
 
 
-def _kind_em(report: Report) -> dict[str, float]:
+def kind_em(report: Report) -> dict[str, float]:
     """EM per question kind (bridge-2hop, bridge-3hop, bridge-4hop, comparison, ...)."""
     from harness.episodes import question_kind
 
@@ -216,8 +219,8 @@ def _compare(before: Report, after: Report, seed: int) -> dict[str, Any]:
         "before": bootstrap_mean(b.values(), seed=seed).to_json(),
         "after": bootstrap_mean(a.values(), seed=seed).to_json(),
         "gain": paired_difference(b, a, seed=seed).to_json(),
-        "before_by_kind": _kind_em(before),
-        "after_by_kind": _kind_em(after),
+        "before_by_kind": kind_em(before),
+        "after_by_kind": kind_em(after),
         "before_metrics": before.overall.to_json(),
         "after_metrics": after.overall.to_json(),
     }
@@ -264,7 +267,8 @@ def _task_config(config: DemoConfig, artifacts: Any) -> Any:
     )
 
 
-def _train_config(config: DemoConfig, artifacts: Any) -> Any:
+def demo_train_config(config: DemoConfig, artifacts: Any) -> Any:
+    """The demo's RL run (`harness.config.TrainConfig`): TRACE on the world stream."""
     from harness.config import (
         AllocConfig,
         BudgetConfig,
@@ -310,7 +314,7 @@ def evaluate_test_sets(
     config: DemoConfig,
     max_new_tokens: int,
 ) -> dict[str, Report]:
-    """One report per test set (`_test_sets`) of the policy in `policy_dir`.
+    """One report per test set (`demo_test_sets`) of the policy in `policy_dir`.
 
     Every policy draws from the same seeded sampling stream (`config.seed`), so two reports
     of the same set are paired on the question.
@@ -387,7 +391,7 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
         progress=config.progress,
     )
     times["policy_s"] = time.perf_counter() - start
-    test_sets = _test_sets(artifacts, config)
+    test_sets = demo_test_sets(artifacts, config)
     max_new_tokens = artifacts.config.eval.max_action_tokens
 
     def evaluate(name: str, policy_dir: Path) -> dict[str, Report]:
@@ -399,7 +403,7 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     before = evaluate("warm start", artifacts.policy_dir)
     times["eval_before_s"] = time.perf_counter() - t
 
-    train_config = _train_config(config, artifacts)
+    train_config = demo_train_config(config, artifacts)
     rl_dir = train_config.run_dir
     finished, times["train_s"] = train_or_reuse(train_config, force=config.force)
 

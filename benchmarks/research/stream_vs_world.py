@@ -8,7 +8,7 @@ TRACE, 48 leaves a step over pools of 12, lr 3e-4, no KL) for the same steps and
   demo before issue 21; the trainer requires a tiny policy's own world for this source).
 
 Each trained policy, and the warm start, is evaluated at T=1 from the same seeded sampling
-stream on the demo's unseen-world and fact-disjoint questions (`demo._test_sets`), so every
+stream on the demo's unseen-world and fact-disjoint questions (`demo.demo_test_sets`), so every
 evaluation is paired on the question. The comparison is paired over seeds: per seed, stream EM
 minus world EM, with a 95 % Student t interval over the seeds (`t_interval`). Finished runs
 and their evaluations are reused, a killed run resumed.
@@ -34,10 +34,10 @@ import tyro
 from benchmarks.qa import Report, per_question_mean, t_interval
 from benchmarks.research.demo import (
     DemoConfig,
-    _kind_em,
-    _test_sets,
-    _train_config,
+    demo_test_sets,
+    demo_train_config,
     evaluate_test_sets,
+    kind_em,
     train_or_reuse,
 )
 
@@ -91,7 +91,7 @@ def _demo_config(args: StreamVsWorldArgs, seed: int = 0) -> DemoConfig:
 
 
 def _train_config_of(args: StreamVsWorldArgs, artifacts: Any, arm: str, seed: int) -> Any:
-    config = _train_config(_demo_config(args, seed), artifacts)
+    config = demo_train_config(_demo_config(args, seed), artifacts)
     task = dataclasses.replace(config.task, source=arm)
     return dataclasses.replace(config, run_dir=args.run_dir / f"{arm}-seed{seed}", task=task)
 
@@ -116,7 +116,7 @@ def _evaluation(
         max_new_tokens=artifacts.config.eval.max_action_tokens,
     )
     sets = {
-        name: {"per_question": per_question_mean(r.episodes), "by_kind": _kind_em(r)}
+        name: {"per_question": per_question_mean(r.episodes), "by_kind": kind_em(r)}
         for name, r in reports.items()
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     artifacts = init_model(TinyPolicyConfig(), args.run_dir, progress=False)
-    test_sets = {k: v for k, v in _test_sets(artifacts, _demo_config(args)).items() if k in SETS}
+    every_set = demo_test_sets(artifacts, _demo_config(args))
+    test_sets = {name: every_set[name] for name in SETS}
     warm = _evaluation(
         args.run_dir / "warm_start_eval.json", artifacts.policy_dir, test_sets, args, artifacts
     )
