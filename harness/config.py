@@ -98,6 +98,11 @@ class TaskConfig:
     decoy_world_seed: int = 5_100
     """The `decoy` set asks world `world_seed`'s training questions over this world's
     documents."""
+    demo_world_seeds: tuple[int, ...] = tuple(range(1_000, 1_040))
+    """Worlds the policy was warm-started on with every question they ask (a tiny policy's
+    demonstration worlds, its `tiny_policy.json`'s `demos`; the default: the shipped warm
+    start's): the `fact_disjoint` set also asks their questions that no demonstration chains.
+    Empty: world `world_seed`'s only (a dozen questions: too few to measure)."""
     world: WorldConfig = field(default_factory=default_world_config)
     """Size and difficulty of the world; must match what the policy was warm-started on (a
     policy built by `tracerl init-model` records it, and a mismatch is an error)."""

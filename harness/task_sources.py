@@ -20,8 +20,11 @@ The held-out sets (`EvalSetName`):
 
 - `split`: the `eval_split` of world `world_seed` (or `eval_file` for a file source): the same
   world's questions; most share facts with training questions, so it mostly measures memory;
-- `fact_disjoint`: questions of world `world_seed` none of whose hop facts occurs in any of
-  its training questions' chains (`World.hop_facts`): the facts must be read;
+- `fact_disjoint`: questions of the warm start's worlds (world `world_seed` and the
+  `demo_world_seeds`) none of whose hop facts occurs in any of that world's training questions'
+  chains (`World.hop_facts`): the names are familiar, the facts must be read. The set holds
+  world `world_seed`'s own mix of question kinds (`fact_disjoint_set`), each world's questions
+  over its own index;
 - `unseen`: every question of the worlds `unseen_world_seeds`, each over its own index, in a
   seeded shuffle: worlds no policy trained on;
 - `decoy`: world `world_seed`'s training questions over another world's documents
@@ -34,7 +37,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import random
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, get_args
 
@@ -42,6 +46,7 @@ import numpy as np
 
 from envs import QATask, SearchQAEnv, TaskSet, World, WorldConfig
 from harness.config import EvalSetName
+from harness.episodes import question_kind
 from harness.errors import HarnessError
 from harness.tiny_policy.pipeline import is_hard
 from retrieval import Retriever, make_retriever
@@ -62,6 +67,7 @@ __all__ = [
     "build_tasks",
     "eval_set",
     "fact_disjoint_questions",
+    "fact_disjoint_set",
     "world_corpus",
 ]
 
@@ -213,7 +219,7 @@ def eval_set(
     world = World.generate(task.world_seed, task.world)
     split = world.split()
     if name == "fact_disjoint":
-        return (_fact_disjoint(world, split.train, task),)
+        return _fact_disjoint(world, split.train, task)
     if name == "unseen":
         corpora = [
             world_corpus(World.generate(seed, task.world), questions=task.questions)
@@ -264,15 +270,68 @@ def fact_disjoint_questions(world: World, train: Sequence[QATask]) -> tuple[Worl
     return asked, TaskSet(t for t in asked.tasks if not asked.hop_facts(t.task_id) & seen)
 
 
-def _fact_disjoint(world: World, train: Sequence[QATask], task: TaskConfig) -> TaskCorpus:
-    """`fact_disjoint_questions` over the world's index, in a seeded shuffle.
+def fact_disjoint_set(
+    candidates: Sequence[QATask], mix: Mapping[str, int], *, seed: int
+) -> list[QATask]:
+    """The largest draw of `candidates` whose question kinds hold the proportions of `mix`.
 
-    Their ids are prefixed `w{seed}+/`: they are not the world's own question ids.
+    The fact-disjoint filter keeps few questions of the kinds that chain many facts (a 3-hop
+    bridge in a small world nearly always reuses a training fact; comparisons, two facts of
+    two entities, mostly survive), so unstratified it is a set of comparisons. This restores
+    the world's own mix, fixed before any policy is measured: each kind (`question_kind`)
+    `mix` counts and `candidates` offer gets its share of the kinds they offer, the total is
+    as large as the scarcest kind allows, and each kind's questions are a seeded draw.
+
+    Args:
+        candidates: The fact-disjoint questions, of any kinds.
+        mix: Questions per kind of the reference (a world's own questions).
+        seed: Seeds the draw and the order of the result.
+
+    Returns:
+        The drawn questions, in a seeded shuffle (the first N cover the kinds in proportion).
     """
-    _, held = fact_disjoint_questions(world, train)
-    corpus = world_corpus(world, _filter(task, held), namespaced=False)
-    renamed = [dataclasses.replace(t, task_id=f"w{world.seed}+/{t.task_id}") for t in corpus.tasks]
-    return _shuffled(dataclasses.replace(corpus, tasks=TaskSet(renamed)), seed=world.seed)
+    by_kind: dict[str, list[QATask]] = {}
+    for t in candidates:
+        by_kind.setdefault(question_kind(t.question_type, t.n_hops), []).append(t)
+    kinds = sorted(k for k in by_kind if mix.get(k, 0) > 0)
+    total = sum(mix[k] for k in kinds)
+    size = min((len(by_kind[k]) * total // mix[k] for k in kinds), default=0)
+    rng = random.Random(seed)
+    # size * mix[k] / total <= len(by_kind[k]) for every kind, by the choice of size
+    drawn = [t for k in kinds for t in rng.sample(by_kind[k], round(size * mix[k] / total))]
+    rng.shuffle(drawn)
+    return drawn
+
+
+def _fact_disjoint(
+    world: World, train: Sequence[QATask], task: TaskConfig
+) -> tuple[TaskCorpus, ...]:
+    """`fact_disjoint_set` of the warm start's worlds, one corpus per world over its index.
+
+    World `world_seed` was trained on its `train` split, each of `task.demo_world_seeds` on
+    every question it asks; a world's candidates are its `fact_disjoint_questions`. Their ids
+    are prefixed `w{seed}+/`: they are not the worlds' own question ids.
+    """
+    trained = [(world, train)] + [
+        (w, list(w.tasks)) for w in (World.generate(s, task.world) for s in task.demo_world_seeds)
+    ]
+    candidates: dict[str, QATask] = {}
+    for w, questions in trained:
+        _, held = fact_disjoint_questions(w, questions)
+        for t in _filter(task, held):
+            candidates[f"w{w.seed}+/{t.task_id}"] = dataclasses.replace(
+                t, task_id=f"w{w.seed}+/{t.task_id}"
+            )
+    mix = Counter(question_kind(t.question_type, t.n_hops) for t in _filter(task, world.tasks))
+    drawn = {t.task_id for t in fact_disjoint_set(list(candidates.values()), mix, seed=world.seed)}
+    corpora = []
+    for w, _ in trained:
+        own = TaskSet(
+            t for i, t in candidates.items() if i in drawn and i.startswith(f"w{w.seed}+/")
+        )
+        if len(own):
+            corpora.append(_shuffled(world_corpus(w, own, namespaced=False), seed=w.seed))
+    return tuple(corpora)
 
 
 def _world_split(task: TaskConfig, split_name: str) -> TaskCorpus:

@@ -17,7 +17,8 @@ The front door for Python callers; `tracerl bench` is `run_bench` behind a comma
   `evaluate_policy_dir` evaluates a local transformers policy on given questions;
 - **a whole run**: `run_bench(BenchConfig(...))` loads, indexes, evaluates and writes the report
   files, resumably;
-- **statistics**: `bootstrap_mean`, `paired_difference`, `per_question_mean` (95 % intervals).
+- **statistics**: `bootstrap_mean`, `paired_difference`, `per_question_mean` (95 % intervals over
+  questions), `t_interval` (over seeds).
 """
 
 from benchmarks.qa.agents import (
@@ -48,7 +49,13 @@ from benchmarks.qa.errors import (
 from benchmarks.qa.evaluation import EpisodeRecord, Metrics, Report, evaluate, evaluate_policy_dir
 from benchmarks.qa.qa_datasets import DATASETS, LoadedDataset, load_file, load_named
 from benchmarks.qa.report import write_reports
-from benchmarks.qa.stats import Estimate, bootstrap_mean, paired_difference, per_question_mean
+from benchmarks.qa.stats import (
+    Estimate,
+    bootstrap_mean,
+    paired_difference,
+    per_question_mean,
+    t_interval,
+)
 
 __all__ = [
     "DATASETS",
@@ -83,5 +90,6 @@ __all__ = [
     "paired_difference",
     "per_question_mean",
     "run_bench",
+    "t_interval",
     "write_reports",
 ]

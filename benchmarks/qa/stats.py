@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Estimate", "bootstrap_mean", "paired_difference", "per_question_mean"]
+__all__ = ["Estimate", "bootstrap_mean", "paired_difference", "per_question_mean", "t_interval"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,3 +119,26 @@ def paired_difference(
     return bootstrap_mean(
         [after[k] - before[k] for k in keys], level=level, n_resamples=n_resamples, seed=seed
     )
+
+
+def t_interval(values: Iterable[float], *, level: float = 0.95) -> Estimate:
+    """The mean of a few values (one per seed) with a Student t interval.
+
+    For comparisons paired over seeds, where the seeds, not the questions, are the independent
+    units and too few to bootstrap: pass the per-seed differences (`n` counts seeds).
+
+    >>> est = t_interval([0.1, 0.2, 0.3])
+    >>> round(est.mean, 3), round(est.low, 3), round(est.high, 3)
+    (0.2, -0.048, 0.448)
+
+    Raises:
+        ValueError: fewer than two values (no spread to estimate).
+    """
+    from scipy import stats
+
+    data = np.asarray(list(values), dtype=float)
+    if data.size < 2:
+        raise ValueError(f"a t interval needs at least two values, got {data.size}")
+    mean = float(data.mean())
+    half = float(stats.t.ppf((1 + level) / 2, data.size - 1)) * float(stats.sem(data))
+    return Estimate(mean=mean, low=mean - half, high=mean + half, n=int(data.size), level=level)

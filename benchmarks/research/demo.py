@@ -7,8 +7,9 @@
    with `benchmarks.qa.evaluation.evaluate` (what `tracerl bench` runs):
    - `unseen`: questions of worlds no policy ever trained on, each over its own index (the
      primary set: it measures searching and reading, not memory);
-   - `fact_disjoint`: questions of the warm start's world none of whose hop facts occurs in its
-     training questions' chains (familiar names, facts that must be read);
+   - `fact_disjoint`: questions of the worlds the warm start trained on (its world and its
+     demonstration worlds) none of whose hop facts occurs in that world's training questions'
+     chains, in its world's mix of question kinds (familiar names, facts that must be read);
    - `decoy`: the warm start's training questions over another world's documents (no
      observation holds the answer: EM here is answering from memory, and must stay near 0);
 3. **train**: RL with TRACE on a stream of freshly generated worlds, one per step
@@ -31,6 +32,7 @@ import logging
 import platform
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -47,12 +49,23 @@ from benchmarks.qa import (
 )
 from envs.tasks import QATask
 
-__all__ = ["TEST_SETS", "DemoConfig", "demo", "run_demo", "summary_sentence"]
+__all__ = [
+    "TEST_SETS",
+    "DemoConfig",
+    "demo",
+    "demo_test_sets",
+    "demo_train_config",
+    "evaluate_test_sets",
+    "kind_em",
+    "run_demo",
+    "summary_sentence",
+    "train_or_reuse",
+]
 
 log = logging.getLogger(__name__)
 
 TEST_SETS = ("unseen", "fact_disjoint", "decoy")
-"""`unseen`: worlds never trained on (primary); `fact_disjoint`: the warm start's world, facts
+"""`unseen`: worlds never trained on (primary); `fact_disjoint`: the warm start's worlds, facts
 no training question chains; `decoy`: its training questions over another world's documents."""
 
 LABELS = {
@@ -88,8 +101,9 @@ class DemoConfig:
     """Questions of the unseen worlds (taken equally from each)."""
     unseen_samples: int = 2
     """T=1 samples per unseen-world question."""
-    fact_disjoint_questions: int = 70
-    """Fact-disjoint questions of the warm start's world, at most."""
+    fact_disjoint_questions: int = 400
+    """Fact-disjoint questions of the warm start's worlds, at most, taken equally from each
+    world (the default takes the whole set: 133 for the shipped warm start)."""
     fact_disjoint_samples: int = 4
     """T=1 samples per fact-disjoint question."""
     decoy_questions: int = 100
@@ -132,8 +146,36 @@ class DemoConfig:
             raise ValueError(f"--eval-temperature must be positive, got {self.eval_temperature}")
 
 
-def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, list[tuple[list[QATask], Any]]]:
-    """Each test set's corpora: their questions (each repeated once per sample), env factory."""
+class _CorpusRouter:
+    """The envs of several corpora as one env: `reset` picks the corpus that holds the question.
+
+    A test set of many worlds (the fact-disjoint set: 35 worlds of a few questions each) is then
+    one evaluation, its episodes batched together, not one small batch per world. Each
+    corpus's env is built on its first question.
+    """
+
+    def __init__(self, corpora: Sequence[Any], corpus_of: dict[str, int], settings: Any) -> None:
+        self._corpora, self._corpus_of, self._settings = corpora, corpus_of, settings
+        self._envs: dict[int, Any] = {}
+        self._env: Any = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any]) -> Any:
+        i = self._corpus_of[options["task_id"]]
+        if i not in self._envs:
+            self._envs[i] = self._corpora[i].make_env(self._settings)
+        self._env = self._envs[i]
+        return self._env.reset(seed=seed, options=options)
+
+    def step(self, action: str) -> Any:
+        return self._env.step(action)
+
+
+def demo_test_sets(artifacts: Any, config: DemoConfig) -> dict[str, tuple[list[QATask], Any]]:
+    """Each test set's questions (each repeated once per sample) and its env factory.
+
+    A set of several corpora (one per world) takes its questions equally from each, and its
+    env routes each question to its own world's index (`_CorpusRouter`).
+    """
     from harness.task_sources import eval_set
 
     task = _task_config(config, artifacts)
@@ -142,22 +184,23 @@ def _test_sets(artifacts: Any, config: DemoConfig) -> dict[str, list[tuple[list[
         "fact_disjoint": (config.fact_disjoint_questions, config.fact_disjoint_samples),
         "decoy": (config.decoy_questions, config.decoy_samples),
     }
-    sets: dict[str, list[tuple[list[QATask], Any]]] = {}
+    sets: dict[str, tuple[list[QATask], Any]] = {}
     for name in TEST_SETS:
         n, samples = sizes[name]
         corpora = eval_set(task, name)
-        per_corpus = -(-n // len(corpora))  # equally from each unseen world
-        sets[name] = [
-            (
-                [t for t in c.tasks[:per_corpus] for _ in range(samples)],
-                lambda c=c: c.make_env(task.env),
-            )
-            for c in corpora
-        ]
+        per_corpus = -(-n // len(corpora))  # equally from each world, n in all
+        chosen = [t for c in corpora for t in c.tasks[:per_corpus]][:n]
+        corpus_of = {t.task_id: i for i, c in enumerate(corpora) for t in c.tasks}
+        sets[name] = (
+            [t for t in chosen for _ in range(samples)],
+            lambda corpora=corpora, corpus_of=corpus_of: _CorpusRouter(
+                corpora, corpus_of, task.env
+            ),
+        )
     return sets
 
 
-def _kind_em(report: Report) -> dict[str, float]:
+def kind_em(report: Report) -> dict[str, float]:
     """EM per question kind (bridge-2hop, bridge-3hop, bridge-4hop, comparison, ...)."""
     from harness.episodes import question_kind
 
@@ -176,8 +219,8 @@ def _compare(before: Report, after: Report, seed: int) -> dict[str, Any]:
         "before": bootstrap_mean(b.values(), seed=seed).to_json(),
         "after": bootstrap_mean(a.values(), seed=seed).to_json(),
         "gain": paired_difference(b, a, seed=seed).to_json(),
-        "before_by_kind": _kind_em(before),
-        "after_by_kind": _kind_em(after),
+        "before_by_kind": kind_em(before),
+        "after_by_kind": kind_em(after),
         "before_metrics": before.overall.to_json(),
         "after_metrics": after.overall.to_json(),
     }
@@ -211,16 +254,21 @@ def _task_config(config: DemoConfig, artifacts: Any) -> Any:
     """The RL run's task: a world stream, judged on the warm start's world's held-out sets."""
     from harness.config import TaskConfig
 
+    demos = artifacts.config.demos  # the warm start's demonstration worlds: fact-disjoint too
     return TaskConfig(
         source="stream",
         world_seed=artifacts.config.world_seed,
+        demo_world_seeds=tuple(
+            range(demos.first_world_seed, demos.first_world_seed + demos.n_worlds)
+        ),
         world=artifacts.config.world,
         env=artifacts.config.env,
         questions=config.questions,
     )
 
 
-def _train_config(config: DemoConfig, artifacts: Any) -> Any:
+def demo_train_config(config: DemoConfig, artifacts: Any) -> Any:
+    """The demo's RL run (`harness.config.TrainConfig`): TRACE on the world stream."""
     from harness.config import (
         AllocConfig,
         BudgetConfig,
@@ -258,6 +306,68 @@ def _train_config(config: DemoConfig, artifacts: Any) -> Any:
     )
 
 
+def evaluate_test_sets(
+    policy_dir: Path,
+    test_sets: dict[str, tuple[list[QATask], Any]],
+    *,
+    name: str,
+    config: DemoConfig,
+    max_new_tokens: int,
+) -> dict[str, Report]:
+    """One report per test set (`demo_test_sets`) of the policy in `policy_dir`.
+
+    Every policy draws from the same seeded sampling stream (`config.seed`), so two reports
+    of the same set are paired on the question.
+    """
+    return {
+        test_set: evaluate_policy_dir(
+            policy_dir,
+            env_factory,
+            tasks,
+            name=f"{name} ({test_set})",
+            temperature=config.eval_temperature,
+            max_new_tokens=max_new_tokens,
+            seed=config.seed,
+            progress=config.progress,
+        )
+        for test_set, (tasks, env_factory) in test_sets.items()
+    }
+
+
+def train_or_reuse(train_config: Any, *, force: bool = False) -> tuple[bool, float]:
+    """Run `harness.trainer.train(train_config)`, unless its run directory holds it finished.
+
+    A killed run with the same config is resumed from its last checkpoint.
+
+    Returns:
+        Whether a finished run was reused, and the RL wall time (the reused run's own).
+
+    Raises:
+        FileExistsError: the run directory holds a run with another config (and not `force`,
+            which deletes it and retrains).
+    """
+    from harness.config import load_config
+    from harness.trainer import train
+
+    rl_dir = train_config.run_dir
+    start = time.perf_counter()
+    same_run = (rl_dir / "config.json").exists() and dataclasses.replace(
+        load_config(rl_dir), resume=False
+    ) == train_config
+    if not force and same_run and (rl_dir / "summary.json").exists():
+        log.info("reusing the finished RL run in %s", rl_dir)
+        return True, float(json.loads((rl_dir / "summary.json").read_text())["wall_s"])
+    if rl_dir.exists() and (force or not same_run):
+        if not force:
+            raise FileExistsError(
+                f"{rl_dir} holds an RL run with another config; pass --force to retrain"
+            )
+        shutil.rmtree(rl_dir)
+    resume = rl_dir.joinpath("checkpoints", "latest.json").exists()
+    train(dataclasses.replace(train_config, resume=resume))
+    return False, time.perf_counter() - start
+
+
 def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     """Run the demo; returns the `demo.json` record (times, before/after EM with intervals).
 
@@ -269,10 +379,8 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     Raises:
         FileExistsError: `RUN_DIR/rl` holds a run with another config (use `force`).
     """
-    from harness.config import load_config
     from harness.metrics_log import plot_learning_curve, plot_run
     from harness.tiny_policy import TinyPolicyConfig, init_model
-    from harness.trainer import train
 
     times: dict[str, float] = {}
     start = time.perf_counter()
@@ -283,56 +391,21 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
         progress=config.progress,
     )
     times["policy_s"] = time.perf_counter() - start
-    test_sets = _test_sets(artifacts, config)
+    test_sets = demo_test_sets(artifacts, config)
     max_new_tokens = artifacts.config.eval.max_action_tokens
 
     def evaluate(name: str, policy_dir: Path) -> dict[str, Report]:
-        # before and after draw from the same seeded sampling streams; a set of several
-        # corpora (one per unseen world) is one report over all their episodes
-        reports = {}
-        for test_set, corpora in test_sets.items():
-            parts = [
-                evaluate_policy_dir(
-                    policy_dir,
-                    env_factory,
-                    tasks,
-                    name=f"{name} ({test_set})",
-                    temperature=config.eval_temperature,
-                    max_new_tokens=max_new_tokens,
-                    seed=config.seed,
-                    progress=config.progress,
-                )
-                for tasks, env_factory in corpora
-            ]
-            episodes = tuple(e for part in parts for e in part.episodes)
-            reports[test_set] = dataclasses.replace(parts[0], episodes=episodes)
-        return reports
+        return evaluate_test_sets(
+            policy_dir, test_sets, name=name, config=config, max_new_tokens=max_new_tokens
+        )
 
     t = time.perf_counter()
     before = evaluate("warm start", artifacts.policy_dir)
     times["eval_before_s"] = time.perf_counter() - t
 
-    train_config = _train_config(config, artifacts)
+    train_config = demo_train_config(config, artifacts)
     rl_dir = train_config.run_dir
-    t = time.perf_counter()
-    same_run = (rl_dir / "config.json").exists() and dataclasses.replace(
-        load_config(rl_dir), resume=False
-    ) == train_config
-    finished = not config.force and same_run and (rl_dir / "summary.json").exists()
-    if finished:
-        log.info("reusing the finished RL run in %s", rl_dir)
-    else:
-        if rl_dir.exists() and (config.force or not same_run):
-            if not config.force:
-                raise FileExistsError(
-                    f"{rl_dir} holds an RL run with another config; pass --force to retrain"
-                )
-            shutil.rmtree(rl_dir)
-        resume = rl_dir.joinpath("checkpoints", "latest.json").exists()
-        train(dataclasses.replace(train_config, resume=resume))
-    times["train_s"] = time.perf_counter() - t
-    if finished:  # the RL time of the run that trained it, not of this reuse
-        times["train_s"] = json.loads((rl_dir / "summary.json").read_text())["wall_s"]
+    finished, times["train_s"] = train_or_reuse(train_config, force=config.force)
 
     t = time.perf_counter()
     after = evaluate("after TRACE", rl_dir / "policy")

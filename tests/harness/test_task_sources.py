@@ -5,16 +5,26 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from envs import EnvSnapshot, SnapshotError, SnapshotMismatchError, World, WorldConfig
+from envs import (
+    EnvSnapshot,
+    QATask,
+    SnapshotError,
+    SnapshotMismatchError,
+    World,
+    WorldConfig,
+)
 from harness.config import TaskConfig, TrainConfig
+from harness.episodes import question_kind
 from harness.errors import HarnessError
-from harness.task_sources import WorldStream, build_tasks, eval_set
+from harness.task_sources import WorldStream, build_tasks, eval_set, fact_disjoint_set
 from harness.tiny_policy import EnvSettings
+from retrieval.bm25 import BM25Retriever
 
 WORLD = WorldConfig(
     n_countries=3,
@@ -36,25 +46,70 @@ def _facts(world: World, tasks) -> set:
     return set().union(*(world.hop_facts(t.task_id) for t in tasks))
 
 
-def test_fact_disjoint_questions_share_no_hop_fact_with_any_training_question():
-    (corpus,) = eval_set(TASK, "fact_disjoint")
+def test_fact_disjoint_questions_share_no_hop_fact_with_their_worlds_training_questions():
+    task = dataclasses.replace(TASK, demo_world_seeds=(300, 301, 302))
+    corpora = eval_set(task, "fact_disjoint")
     world = World.generate(TASK.world_seed, WORLD)
-    train_facts = _facts(world, world.split().train)
-    asked = World.generate(
-        TASK.world_seed, dataclasses.replace(WORLD, questions_per_kind=400)
-    )  # where the set's candidates come from
-    assert len(corpus.tasks) > 0
-    for task in corpus.tasks:
-        prefix, own_id = task.task_id.split("/", 1)
-        assert prefix == f"w{TASK.world_seed}+"
-        assert asked.tasks[own_id].question == task.question
-        assert not asked.hop_facts(own_id) & train_facts
-    # the same world's corpus: every question is answered from the training world's documents
-    assert corpus.retriever.index_id == eval_set(TASK, "split")[0].retriever.index_id
+    trained = {TASK.world_seed: _facts(world, world.split().train)}  # the warm start's split
+    for seed in task.demo_world_seeds:  # a demonstration world: every question it asks
+        demo = World.generate(seed, WORLD)
+        trained[seed] = _facts(demo, demo.tasks)
+    held = [t for c in corpora for t in c.tasks]
+    assert len(held) > 0 and len({c.name for c in corpora}) > 1
+    for corpus in corpora:
+        seed = int(corpus.name.removeprefix("world "))
+        asked = World.generate(seed, dataclasses.replace(WORLD, questions_per_kind=400))
+        # the world's own corpus: every question is answered from that world's documents
+        own_index = BM25Retriever.build(World.generate(seed, WORLD).documents)
+        assert corpus.retriever.index_id == own_index.index_id
+        for t in corpus.tasks:
+            prefix, own_id = t.task_id.split("/", 1)
+            assert prefix == f"w{seed}+"
+            assert asked.tasks[own_id].question == t.question
+            assert not asked.hop_facts(own_id) & trained[seed]
     # the world's own held-out split is mostly not fact-disjoint (the reason for this set)
     split = world.split()
-    held = [*split.dev, *split.test, *split.test_entities]
-    assert sum(not world.hop_facts(t.task_id) & train_facts for t in held) < len(held)
+    own_held = [*split.dev, *split.test, *split.test_entities]
+    assert sum(not world.hop_facts(t.task_id) & trained[0] for t in own_held) < len(own_held)
+
+
+def test_the_fact_disjoint_set_holds_its_worlds_mix_of_question_kinds():
+    task = dataclasses.replace(TASK, demo_world_seeds=(300, 301, 302))
+    held = [t for c in eval_set(task, "fact_disjoint") for t in c.tasks]
+    world = World.generate(TASK.world_seed, WORLD)
+    mix = Counter(question_kind(t.question_type, t.n_hops) for t in world.tasks)
+    got = Counter(question_kind(t.question_type, t.n_hops) for t in held)
+    assert len(got) > 1
+    total = sum(mix[k] for k in got)
+    for kind, n in got.items():  # each kind its share of the kinds the set offers, +- rounding
+        assert abs(n - len(held) * mix[kind] / total) <= 1, (kind, n, got, mix)
+    assert held == [t for c in eval_set(task, "fact_disjoint") for t in c.tasks]  # seeded
+
+
+def _kind_tasks(kind: str, n: int) -> list[QATask]:
+    question_type, hops = ("bridge", 2) if kind == "bridge-2hop" else (kind, None)
+    return [
+        QATask(
+            task_id=f"{kind}-{i}",
+            question=f"q {kind} {i}?",
+            golden_answers=("a",),
+            question_type=question_type,
+            n_hops=hops,
+        )
+        for i in range(n)
+    ]
+
+
+def test_fact_disjoint_set_draws_the_largest_set_in_the_mix_and_nothing_it_does_not_count():
+    candidates = _kind_tasks("bridge-2hop", 10) + _kind_tasks("comparison", 40)
+    candidates += _kind_tasks("inference", 7)  # a kind the reference does not ask
+    mix = {"bridge-2hop": 2, "comparison": 1, "bridge-3hop": 5}  # none offered: not counted
+    drawn = fact_disjoint_set(candidates, mix, seed=0)
+    got = Counter(question_kind(t.question_type, t.n_hops) for t in drawn)
+    assert got == {"bridge-2hop": 10, "comparison": 5}  # 2:1, as large as the bridges allow
+    assert len({t.task_id for t in drawn}) == 15
+    again = fact_disjoint_set(candidates, mix, seed=0)
+    assert again == drawn and fact_disjoint_set(candidates, mix, seed=1) != drawn
 
 
 def test_the_unseen_set_is_one_namespaced_corpus_per_unseen_world():
