@@ -168,6 +168,17 @@ def int8_session(
     return _session(path, threads)
 
 
+def encode_in_batches(
+    texts: Sequence[str], dim: int, batch_size: int, embed: Callable[[list[str]], np.ndarray]
+) -> np.ndarray:
+    """`embed` over consecutive batches of `texts`, gathered into one (len(texts), dim) array."""
+    out = np.empty((len(texts), dim), dtype=np.float32)
+    for start in range(0, len(texts), batch_size):
+        batch = list(texts[start : start + batch_size])
+        out[start : start + len(batch)] = embed(batch)
+    return out
+
+
 def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
     """Unit-norm float32 vectors (B, dim) from token states (B, L, dim) and their mask (B, L).
 
@@ -332,12 +343,12 @@ class OnnxEncoder:
     def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         """Embed texts (prefixes already added) as unit-norm float32 rows, (len(texts), dim)."""
         del progress  # queries come in small batches: no bar
-        out = np.empty((len(texts), self._dim), dtype=np.float32)
         with self._lock:
-            for start in range(0, len(texts), self._batch_size):
-                batch = self._tokenizer.encode_batch(list(texts[start : start + self._batch_size]))
-                ids = np.array([e.ids for e in batch], dtype=np.int64)
-                mask = np.array([e.attention_mask for e in batch], dtype=np.int64)
-                (hidden,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
-                out[start : start + len(batch)] = pool(hidden, mask, self.pooling)
-        return out
+            return encode_in_batches(texts, self._dim, self._batch_size, self._embed)
+
+    def _embed(self, batch: list[str]) -> np.ndarray:
+        encoded = self._tokenizer.encode_batch(batch)
+        ids = np.array([e.ids for e in encoded], dtype=np.int64)
+        mask = np.array([e.attention_mask for e in encoded], dtype=np.int64)
+        (hidden,) = self._session.run(None, {"input_ids": ids, "attention_mask": mask})
+        return pool(hidden, mask, self.pooling)

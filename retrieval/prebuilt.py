@@ -248,15 +248,11 @@ class PooledEncoder:
 
     def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
         """Embed texts (prefixes already added) as unit-norm float32 rows, (len(texts), dim)."""
-        out = np.empty((len(texts), self._dim), dtype=np.float32)
+        from retrieval.onnx_encoder import encode_in_batches
+
+        embed = self._encode_onnx if self._session is not None else self._encode_torch
         with self._lock:
-            for start in range(0, len(texts), self._batch_size):
-                batch = list(texts[start : start + self._batch_size])
-                if self._session is not None:
-                    out[start : start + len(batch)] = self._encode_onnx(batch)
-                else:
-                    out[start : start + len(batch)] = self._encode_torch(batch)
-        return out
+            return encode_in_batches(texts, self._dim, self._batch_size, embed)
 
     def _encode_torch(self, batch: list[str]) -> np.ndarray:
         torch = self._torch
