@@ -106,8 +106,10 @@ def test_flip_calibration_scores_the_allocators_flip_chances_against_realised_fl
     # a failure repeats a failure: the mixed tree's successful prefixes flipped (to 0)
     n_flips = sum(c["stage2/flipped"])
     assert c["stage2/flips"] == n_flips and 0 < n_flips < 8
-    brier = np.mean([(p - y) ** 2 for p, y in zip(c["stage2/p_flip"], c["stage2/flipped"])])
+    brier = np.mean(
+        [(p - y) ** 2 for p, y in zip(c["stage2/p_flip"], c["stage2/flipped"], strict=True)]
+    )
     assert c["stage2/flip_brier"] == pytest.approx(brier)
     settled = [(p, y) for p, y, s in zip(c["stage2/p_flip"], c["stage2/flipped"],
-                                         c["stage2/settled"]) if s]  # fmt: skip
+                                         c["stage2/settled"], strict=True) if s]  # fmt: skip
     assert settled == [(0.9, 0)] * 4  # blind: "90 % flippable", and none flipped
