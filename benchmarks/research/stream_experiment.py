@@ -37,6 +37,7 @@ writes `RESULTS_DIR/experiment-stream.json` (a top-level `summary`) and `experim
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -58,7 +59,8 @@ import tyro
 
 from benchmarks.research.lr_axis import best_multiplier, curve_table
 
-__all__ = ["ARMS", "StreamExperimentConfig", "StreamRun", "main", "runs_of", "summarise"]
+__all__ = ["ARMS", "StreamExperimentConfig", "StreamRun", "choose_rates", "main", "runs_of",
+           "summarise"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +94,18 @@ class StreamExperimentConfig:
     """Steps after which the main runs are evaluated on the test set (the last is `steps`)."""
     curve_samples: int = 1
     """Samples per test question at the evaluations before the last (the curve's points)."""
-    arms: tuple[str, ...] = ("grpo", "trace", "trace_n0", "dapo", "trace_blind")
+    arms: tuple[str, ...] = ("trace", "grpo", "trace_n0", "dapo", "trace_blind")
     """Arms of the token series, each on every seed of `seeds` unless in `few_seed_arms`."""
-    leaf_arms: tuple[str, ...] = ("grpo", "trace")
-    """Arms of the leaf series (secondary currency), on `few_seeds`."""
-    seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
-    few_seed_arms: tuple[str, ...] = ("dapo", "trace_blind", "trace_mixed_only", "trace_random")
+    seeds: tuple[int, ...] = (0, 1, 2, 3)
+    few_seed_arms: tuple[str, ...] = ("dapo", "trace_blind")
     few_seeds: tuple[int, ...] = (0, 1, 2)
+    leaf_arms: tuple[str, ...] = ("trace", "grpo")
+    """Arms of the leaf series (the secondary currency)."""
+    leaf_seeds: tuple[int, ...] = (0, 1)
+    probe_arms: tuple[str, ...] = ("trace_random",)
+    """Arms trained for their Stage-2 logs only (no evaluation): `trace_random` scores the flip
+    prediction on randomly placed continuations."""
+    probe_seeds: tuple[int, ...] = (0,)
     lr: float = 3e-4
     """The demo's learning rate; the scan multiplies it."""
     lr_multipliers: tuple[float, ...] = (0.5, 1.0, 2.0)
@@ -126,11 +133,14 @@ class StreamExperimentConfig:
     """Print one JSON object (the summary) as the last line of stdout."""
 
     def __post_init__(self) -> None:
-        unknown = sorted({*self.arms, *self.leaf_arms, *self.lr_methods} - set(ARMS))
+        unknown = sorted({*self.arms, *self.leaf_arms, *self.lr_methods, *self.probe_arms}
+                         - set(ARMS))  # fmt: skip
         if unknown:
             raise ValueError(f"unknown arms {unknown}: choose from {sorted(ARMS)}")
-        if not self.eval_at or self.eval_at[-1] != self.steps or list(self.eval_at) != sorted(
-            set(self.eval_at)
+        if (
+            not self.eval_at
+            or self.eval_at[-1] != self.steps
+            or list(self.eval_at) != sorted(set(self.eval_at))
         ):
             raise ValueError(f"--eval-at {self.eval_at} must increase and end at --steps")
         held = {*self.test_world_seeds} & {*self.validation_world_seeds}
@@ -146,7 +156,7 @@ class StreamExperimentConfig:
 class StreamRun:
     """One training run of the experiment."""
 
-    phase: Literal["lr", "main"]
+    phase: Literal["lr", "main", "probe"]
     arm: str
     series: Series
     seed: int
@@ -159,16 +169,19 @@ class StreamRun:
 
 
 def runs_of(config: StreamExperimentConfig, chosen: Mapping[str, float]) -> list[StreamRun]:
-    """The main phase's runs, the headline pair's first, seed by seed."""
+    """The main phase's runs (headline pair first, seed by seed), then the probes."""
     runs: list[StreamRun] = []
     for seed in sorted({*config.seeds, *config.few_seeds}):
         for arm in config.arms:
             seeds = config.few_seeds if arm in config.few_seed_arms else config.seeds
             if seed in seeds:
                 runs.append(StreamRun("main", arm, "tokens", seed, _rate(arm, chosen)))
-    for seed in config.few_seeds:
+    for seed in config.leaf_seeds:
         for arm in config.leaf_arms:
             runs.append(StreamRun("main", arm, "leaves", seed, _rate(arm, chosen)))
+    for seed in config.probe_seeds:
+        for arm in config.probe_arms:
+            runs.append(StreamRun("probe", arm, "tokens", seed, _rate(arm, chosen)))
     return runs
 
 
@@ -207,9 +220,22 @@ def _demo_config(config: StreamExperimentConfig, questions: int, samples: int) -
     )
 
 
+_SETS: dict[tuple[StreamExperimentConfig, str], dict[str, Any]] = {}
+"""The evaluation sets a process has built (building the fact-disjoint set takes a while)."""
+
+
 def _sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> dict[str, Any]:
-    """`validation`, `test` (the curve's points), `test_final` (the test set at full samples,
-    plus the fact-disjoint and decoy sets): name -> (tasks, env factory)."""
+    if (config, which) not in _SETS:
+        _SETS[config, which] = _build_sets(config, artifacts, which)
+    return _SETS[config, which]
+
+
+def _build_sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> dict[str, Any]:
+    """The evaluation sets of `which`: name -> (tasks, env factory).
+
+    `validation`; `test` (the curve's points); `test_final` (the test set at full samples, plus
+    the fact-disjoint and decoy sets).
+    """
     from benchmarks.research.demo import demo_test_sets
 
     if which == "validation":
@@ -350,10 +376,15 @@ def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
     points = config.eval_at if run.phase == "main" else (config.steps,)
     for at in points:
         _train_to(run, context, artifacts, at)
-        if run.phase == "lr" or at == config.steps:
-            which = ["validation"] + (["test_final"] if run.phase == "main" else [])
-        else:
-            which = ["test"]
+        which = {"lr": ["validation"], "probe": []}.get(
+            run.phase, ["test_final" if at == config.steps else "test"]
+        )
+        if (
+            run.phase == "main"
+            and at == config.steps
+            and (run_dir / f"eval-validation-{at}.json").is_file()
+        ):
+            which.append("validation")  # a scan's run reused as a main run keeps its score
         for w in which:
             path = run_dir / f"eval-{w}-{at}.json"
             ekey = {**key, **_eval_key(config, w), "at": at}
@@ -370,7 +401,9 @@ def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
             "steps": _run_metrics(metrics, summary)}  # fmt: skip
 
 
-def _run_metrics(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> dict[str, Any]:
+def _run_metrics(
+    metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]
+) -> dict[str, Any]:
     """What a run's log says: tokens by step, Stage 2's scored continuations, movement."""
     rows = [r for r in metrics if "budget/total_tokens" in r]
 
@@ -387,15 +420,19 @@ def _run_metrics(metrics: Sequence[Mapping[str, Any]], summary: Mapping[str, Any
         "leaves_by_step": values("budget/total_leaves"),
         "continuations": sum(values("stage2/continuations")),
         "flips": sum(values("stage2/flips")),
-        "settled": sum(s * c for s, c in zip(values("stage2/settled_share"),
-                                             values("stage2/continuations"), strict=False)
-                       if math.isfinite(s)),  # fmt: skip
+        "settled": sum(
+            s * c
+            for s, c in zip(
+                values("stage2/settled_share"), values("stage2/continuations"), strict=False
+            )
+            if math.isfinite(s)
+        ),
         "scored": pooled,
         "effective_ratio": _mean(values("rollout/effective_ratio")),
         "rollout_accuracy": _mean(values("rollout/accuracy")),
-        "optimizer_steps": sum(values("policy/optimizer_steps")) if norms or rows else None,
+        "optimizer_steps": sum(values("policy/optimizer_steps")),
         "update_norm_mean": _mean(norms),
-        "displacement": summary.get("policy/displacement"),
+        "displacement": summary.get("movement", {}).get("policy/displacement"),
         "wall_s": sum(values("perf/step_s")),
     }
 
@@ -415,7 +452,7 @@ def _em(record: Mapping[str, Any], key: str) -> float:
 
 
 def _paired(a: Mapping[int, float], b: Mapping[int, float]) -> dict[str, Any] | None:
-    """a − b over the seeds both have, with a 95 % t interval (None under two seeds)."""
+    """The difference a − b over the seeds both have, with a 95 % t interval (None: < 2)."""
     from benchmarks.qa import t_interval
 
     seeds = sorted(set(a) & set(b))
@@ -461,7 +498,7 @@ def _stage2(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 def _tokens_to_reach(curve: Sequence[tuple[float, float]], target: float) -> float | None:
     """Tokens at which a piecewise-linear EM curve first reaches `target` (None: never)."""
-    for (x0, y0), (x1, y1) in zip(curve, curve[1:], strict=False):
+    for (x0, y0), (x1, y1) in itertools.pairwise(curve):
         if y0 >= target:
             return x0
         if y1 >= target:
@@ -534,6 +571,10 @@ def summarise(
         "settled_tree_continuation_share": stage2["settled_tree_continuation_share"],
         "flip_brier": stage2["flip_brier"],
         "flip_brier_constant": stage2["flip_brier_constant"],
+        "flip_auc": stage2["flip_auc"],
+        "flip_auc_random_placement": _stage2(
+            [r for r in records if r["run"]["arm"] == "trace_random"]
+        )["flip_auc"],
         "lr_multiplier": {arm: _rate(arm, chosen) for arm in {*config.arms, *config.leaf_arms}},
         "seeds": {arm: sorted(by_seed(arm, "tokens")) for arm in config.arms},
     }
@@ -551,8 +592,12 @@ def summarise(
             "em_unseen": avg([_em(r, final) for r in members]),
             "em_fact_disjoint": avg([_em(r, f"test_final@{last}/fact_disjoint") for r in members]),
             "em_decoy": avg([_em(r, f"test_final@{last}/decoy") for r in members]),
-            "em_curve": [avg([_em(r, f"{'test_final' if at == last else 'test'}@{at}/test")
-                              for r in members]) for at in config.eval_at],  # fmt: skip
+            "em_curve": [
+                avg(
+                    [_em(r, f"{'test_final' if at == last else 'test'}@{at}/test") for r in members]
+                )
+                for at in config.eval_at
+            ],
             "total_tokens": avg([r["steps"]["tokens_by_step"][-1] for r in members]),
             "optimizer_steps": avg([r["steps"]["optimizer_steps"] for r in members]),
             "update_norm_mean": avg([r["steps"]["update_norm_mean"] for r in members]),
@@ -560,7 +605,7 @@ def summarise(
             "effective_ratio": avg([r["steps"]["effective_ratio"] for r in members]),
             "stage2": _stage2(members) if ARMS[arm]["name"] == "trace" else None,
         }
-    random_runs = [r for r in main if r["run"]["arm"] == "trace_random"]
+    random_runs = [r for r in records if r["run"]["arm"] == "trace_random"]
     return {
         "summary": summary,
         "differences": diffs,
@@ -568,9 +613,27 @@ def summarise(
         "curves": {k: [list(p) for p in v] for k, v in curves.items()},
         "random_placement": _stage2(random_runs) if random_runs else None,
         "lr_scan": {arm: {str(m): list(v) for m, v in c.items()} for arm, c in lr_curve.items()},
-        "start": {k: {n: {"em": e["em"], "n": e["n"]} for n, e in v.items()}
-                  for k, v in start.items()},  # fmt: skip
+        "start": {
+            k: {n: {"em": e["em"], "n": e["n"]} for n, e in v.items()} for k, v in start.items()
+        },
     }
+
+
+def choose_rates(
+    scanned: Sequence[Mapping[str, Any]], steps: int
+) -> tuple[dict[str, float], dict[str, dict[float, list[float]]]]:
+    """Each scanned method's learning-rate multiplier, from its validation EM alone.
+
+    Returns:
+        The chosen multiplier per method (`lr_axis.best_multiplier`), and the validation curve
+        (method -> multiplier -> EM points per seed) behind it.
+    """
+    curve: dict[str, dict[float, list[float]]] = {}
+    for r in scanned:
+        run = r["run"]
+        em = _em(r, f"validation@{steps}/validation")
+        curve.setdefault(run["arm"], {}).setdefault(float(run["lr_multiplier"]), []).append(em)
+    return {arm: best_multiplier(c) for arm, c in curve.items()}, curve
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -651,13 +714,7 @@ def main(config: StreamExperimentConfig) -> dict[str, Any]:
           f"a step in the token series", flush=True)  # fmt: skip
     scan = [StreamRun("lr", arm, "tokens", seed, m) for seed in config.lr_seeds
             for arm in config.lr_methods for m in config.lr_multipliers]  # fmt: skip
-    scanned = _run_all(scan, context)
-    lr_curve: dict[str, dict[float, list[float]]] = {}
-    for r in scanned:
-        run = r["run"]
-        em = _em(r, f"validation@{config.steps}/validation")
-        lr_curve.setdefault(run["arm"], {}).setdefault(run["lr_multiplier"], []).append(em)
-    chosen = {arm: best_multiplier(curve) for arm, curve in lr_curve.items()}
+    chosen, lr_curve = choose_rates(_run_all(scan, context), config.steps)
     print(f"learning-rate multipliers chosen on validation: {chosen}", flush=True)
     records = [] if config.phase == "lr" else _run_all(runs_of(config, chosen), context)
     command = "python -m benchmarks.research.stream_experiment " + " ".join(
