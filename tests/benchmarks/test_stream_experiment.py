@@ -1,4 +1,4 @@
-"""The stream experiment's logic on synthetic records: rates from validation only, pairing, flips."""
+"""The stream experiment on synthetic records: rates from validation only, pairing, flips."""
 
 from __future__ import annotations
 
