@@ -91,7 +91,10 @@ class StreamExperimentConfig:
     steps: int = 30
     """RL steps of every run (the demo takes 60; 30 fit this box's time for the whole grid)."""
     eval_at: tuple[int, ...] = (15, 30)
-    """Steps after which the main runs are evaluated on the test set (the last is `steps`)."""
+    """Steps after which the main runs of `curve_arms` are evaluated on the test set (the last
+    is `steps`, where every main run is)."""
+    curve_arms: tuple[str, ...] = ("trace", "grpo")
+    """Token-series arms evaluated along the way (the tokens TRACE needs to reach GRPO)."""
     curve_samples: int = 1
     """Samples per test question at the evaluations before the last (the curve's points)."""
     arms: tuple[str, ...] = ("trace", "grpo", "trace_n0", "dapo", "trace_blind")
@@ -373,7 +376,8 @@ def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
     key = {"run": dataclasses.asdict(run), "tokens_per_step": context.tokens_per_step,
            "steps": config.steps, "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
     evals: dict[str, Any] = {}
-    points = config.eval_at if run.phase == "main" else (config.steps,)
+    along = run.phase == "main" and run.series == "tokens" and run.arm in config.curve_arms
+    points = config.eval_at if along else (config.steps,)
     for at in points:
         _train_to(run, context, artifacts, at)
         which = {"lr": ["validation"], "probe": []}.get(
@@ -449,6 +453,12 @@ def _em(record: Mapping[str, Any], key: str) -> float:
     """EM in points (0-100) of one evaluation entry, e.g. `test_final@30` / `test`."""
     evaluation, name = key.split("/")
     return 100.0 * float(record["evals"][evaluation][name]["em"])
+
+
+def _curve_em(record: Mapping[str, Any], at: int, last: int) -> float | None:
+    """Test EM in points after step `at` (the final evaluation at `last`); None if not run."""
+    evaluation = f"{'test_final' if at == last else 'test'}@{at}"
+    return _em(record, f"{evaluation}/test") if evaluation in record["evals"] else None
 
 
 def _paired(a: Mapping[int, float], b: Mapping[int, float]) -> dict[str, Any] | None:
@@ -592,12 +602,7 @@ def summarise(
             "em_unseen": avg([_em(r, final) for r in members]),
             "em_fact_disjoint": avg([_em(r, f"test_final@{last}/fact_disjoint") for r in members]),
             "em_decoy": avg([_em(r, f"test_final@{last}/decoy") for r in members]),
-            "em_curve": [
-                avg(
-                    [_em(r, f"{'test_final' if at == last else 'test'}@{at}/test") for r in members]
-                )
-                for at in config.eval_at
-            ],
+            "em_curve": [avg([_curve_em(r, at, last) for r in members]) for at in config.eval_at],
             "total_tokens": avg([r["steps"]["tokens_by_step"][-1] for r in members]),
             "optimizer_steps": avg([r["steps"]["optimizer_steps"] for r in members]),
             "update_norm_mean": avg([r["steps"]["update_norm_mean"] for r in members]),
