@@ -57,7 +57,7 @@ from typing import Any, Literal
 import numpy as np
 import tyro
 
-from benchmarks.research.lr_axis import best_multiplier, curve_table
+from benchmarks.research.lr_axis import best_multiplier, check_disjoint, curve_table
 
 __all__ = ["ARMS", "StreamExperimentConfig", "StreamRun", "choose_rates", "main", "runs_of",
            "summarise"]  # fmt: skip
@@ -146,9 +146,8 @@ class StreamExperimentConfig:
             or list(self.eval_at) != sorted(set(self.eval_at))
         ):
             raise ValueError(f"--eval-at {self.eval_at} must increase and end at --steps")
-        held = {*self.test_world_seeds} & {*self.validation_world_seeds}
-        if held:
-            raise ValueError(f"worlds {sorted(held)} are both test and validation worlds")
+        check_disjoint(self.validation_world_seeds, {"the test worlds": self.test_world_seeds},
+                       what="--validation-world-seeds")  # fmt: skip
         if "dapo" in self.leaf_arms:
             raise ValueError("dapo runs in the token currency only (at equal leaves it is GRPO)")
         if len(self.seeds) < 2:
@@ -305,6 +304,7 @@ def _start(config: StreamExperimentConfig) -> tuple[_Context, dict[str, Any]]:
 
     policy_run_dir = config.run_dir / "warm_start"
     artifacts = init_model(TinyPolicyConfig(), policy_run_dir, progress=False)
+    _check_worlds(config, artifacts)
     start: dict[str, Any] = {}
     for which in ("validation", "test", "test_final"):
         start[which] = _cached(
@@ -317,6 +317,25 @@ def _start(config: StreamExperimentConfig) -> tuple[_Context, dict[str, Any]]:
     # the token series spends what the leaf budget costs the warm start on unseen worlds
     tokens = round(config.leaves_per_step * start["validation"]["validation"]["tokens"])
     return _Context(config=config, policy_run_dir=policy_run_dir, tokens_per_step=tokens), start
+
+
+def _check_worlds(config: StreamExperimentConfig, artifacts: Any) -> None:
+    """Refuse test or validation worlds that the warm start or the stream has seen."""
+    from harness.config import TaskConfig
+
+    policy = artifacts.config
+    demos = range(
+        policy.demos.first_world_seed, policy.demos.first_world_seed + policy.demos.n_worlds
+    )
+    stream = TaskConfig().stream_first_seed
+    seen = {
+        "the warm start's world": [policy.world_seed],
+        "its demonstration worlds": list(demos),
+        "its dev world": [policy.eval.dev_world_seed],
+        "the training stream": list(range(stream, stream + config.steps)),
+    }
+    check_disjoint(config.test_world_seeds, seen, what="--test-world-seeds")
+    check_disjoint(config.validation_world_seeds, seen, what="--validation-world-seeds")
 
 
 # --- one run ------------------------------------------------------------------------------------

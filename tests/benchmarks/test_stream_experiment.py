@@ -92,3 +92,21 @@ def test_summary_pairs_methods_by_seed_and_pools_stage_two():
     # TRACE's mean curve (40 → 30.5 → 61) passes GRPO's final 56 between 200 and 400 tokens
     assert s["tokens_to_grpo_final_ratio"] == pytest.approx((200 + 200 * 25.5 / 30.5) / 400)
     assert out["arms"]["tokens/trace"]["displacement"] == pytest.approx(0.5)
+
+
+def test_test_and_validation_worlds_must_be_unseen_and_disjoint():
+    from types import SimpleNamespace
+
+    from benchmarks.research.stream_experiment import _check_worlds
+
+    with pytest.raises(ValueError, match="--validation-world-seeds"):
+        StreamExperimentConfig(test_world_seeds=(6000, 6001), validation_world_seeds=(6001,))
+    policy = SimpleNamespace(
+        world_seed=0,
+        demos=SimpleNamespace(first_world_seed=1000, n_worlds=40),
+        eval=SimpleNamespace(dev_world_seed=999),
+    )
+    artifacts = SimpleNamespace(config=policy)
+    _check_worlds(CONFIG, artifacts)  # the defaults are unseen
+    with pytest.raises(ValueError, match="demonstration worlds"):
+        _check_worlds(StreamExperimentConfig(test_world_seeds=(1003,)), artifacts)
