@@ -783,6 +783,10 @@ def cli(argv: Sequence[str] | None = None) -> int:
     config = tyro.cli(StreamExperimentConfig, args=argv,
                       prog="python -m benchmarks.research.stream_experiment")  # fmt: skip
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    import torch
+
+    # the start's evaluations run here beside the workers: one thread, as they have
+    torch.set_num_threads(1)
     result = main(config)
     if config.json:
         print(json.dumps(result.get("summary", {"lr_chosen": result["lr_chosen"]})))
