@@ -360,26 +360,34 @@ def _keep(config: ExperimentConfig, task: Any) -> bool:
     return config.questions == "all" or is_hard(task)
 
 
-def _test_sets(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any, Any, int]]:
-    """The two test sets: name -> (env factory, tasks, samples per question)."""
+def _world_set(
+    config: ExperimentConfig, artifacts: Any, seed: int, questions: int, samples: int
+) -> tuple[Any, Any, int]:
+    """A generated world's questions (the first `questions`, 0: all) over its own BM25 index."""
     from envs import World
     from retrieval.bm25 import BM25Retriever
 
-    fresh = World.generate(config.test_world_seed, artifacts.config.world)
-    fresh_tasks = [t for t in fresh.tasks if _keep(config, t)]
-    if config.test_questions:
-        fresh_tasks = fresh_tasks[: config.test_questions]
-    fresh_retriever = BM25Retriever.build(fresh.documents)
+    world = World.generate(seed, artifacts.config.world)
+    tasks = [t for t in world.tasks if _keep(config, t)]
+    if questions:
+        tasks = tasks[:questions]
+    retriever = BM25Retriever.build(world.documents)
+    env = artifacts.config.env
+    return (lambda: env.make_env(world.tasks, retriever), tasks, samples)
+
+
+def _test_sets(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any, Any, int]]:
+    """The two test sets: name -> (env factory, tasks, samples per question)."""
+    from retrieval.bm25 import BM25Retriever
+
     world = artifacts.world()
     held_ids = [*artifacts.split["test"], *artifacts.split["test_entities"]]
     held_tasks = [world.tasks[i] for i in held_ids if _keep(config, world.tasks[i])]
     world_retriever = BM25Retriever.build(world.documents)
     env = artifacts.config.env
     return {
-        "fresh_world": (
-            lambda: env.make_env(fresh.tasks, fresh_retriever),
-            fresh_tasks,
-            config.test_samples,
+        "fresh_world": _world_set(
+            config, artifacts, config.test_world_seed, config.test_questions, config.test_samples
         ),
         "heldout": (
             lambda: env.make_env(world.tasks, world_retriever),
@@ -391,19 +399,12 @@ def _test_sets(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any,
 
 def _validation_set(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any, Any, int]]:
     """The validation set that chooses each method's learning rate: a world of its own."""
-    from envs import World
-    from retrieval.bm25 import BM25Retriever
-
-    world = World.generate(config.validation_world_seed, artifacts.config.world)
-    tasks = [t for t in world.tasks if _keep(config, t)]
-    if config.validation_questions:
-        tasks = tasks[: config.validation_questions]
-    retriever = BM25Retriever.build(world.documents)
-    env = artifacts.config.env
     return {
-        "validation": (
-            lambda: env.make_env(world.tasks, retriever),
-            tasks,
+        "validation": _world_set(
+            config,
+            artifacts,
+            config.validation_world_seed,
+            config.validation_questions,
             config.validation_samples,
         )
     }
