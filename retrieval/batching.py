@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from retrieval.base import Hit, Retriever
-from retrieval.errors import RetrievalError
+from retrieval.errors import IndexFileError, RetrievalError
 
 __all__ = ["BatcherStats", "BatchingConfig", "MicroBatcher", "ServerBusy"]
 
@@ -199,6 +199,12 @@ class MicroBatcher:
                 rows = await asyncio.get_running_loop().run_in_executor(
                     self._executor, self._retriever.search, distinct, k
                 )
+            except IndexFileError as err:  # a damaged or changed index: one line, no trace
+                log.error("refused a batch of %d queries: %s", len(distinct), err)
+                for item in items:
+                    if not item.future.done():
+                        item.future.set_exception(err)
+                continue
             except Exception as err:  # handed to each waiting request, which reports it
                 log.exception("retriever failed on a batch of %d queries", len(distinct))
                 for item in items:

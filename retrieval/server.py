@@ -15,7 +15,10 @@ Every bad request, in any variant, gets a 4xx with a JSON `{"detail": "<what is 
 limit>"}` and never a 500: 413 for a body over `max_body_bytes`, 422 for a body that is not
 UTF-8 JSON or msgpack, for wrong field types, for an empty query list or an empty query, for
 too many queries, a query over `max_query_chars` or a `topk` over `max_topk`. 503 (with
-`Retry-After`) means the queue is full. The server binds 127.0.0.1 unless told otherwise.
+`Retry-After`) means the queue is full. 409 means the index itself cannot answer: a file of it
+was changed under the server, or holds a row id past the corpus (`retrieval.index_files`); it
+is logged in one line, and only a restart on a sound index clears it. The server binds
+127.0.0.1 unless told otherwise.
 
 `serve` guards the connections themselves (`retrieval.guard`): a cap on open connections (503
 past it, logged), deadlines for a request's headers and body and for an idle keep-alive
@@ -37,7 +40,7 @@ from starlette.requests import ClientDisconnect
 
 from retrieval.base import Retriever
 from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
-from retrieval.errors import InvalidRequest
+from retrieval.errors import IndexFileError, InvalidRequest
 from retrieval.guard import ConnectionLimits, check_descriptor_room, guarded_protocol
 from retrieval.manifest import IndexManifest
 from retrieval.protocol import ServerLimits, parse_request, render_response
@@ -116,6 +119,8 @@ def create_app(
             rows = await batcher.search(req.queries, req.topk)
         except ServerBusy as err:
             raise HTTPException(503, str(err), headers={"Retry-After": "1"}) from None
+        except IndexFileError as err:  # the batcher logged it; a retry cannot help
+            raise HTTPException(409, f"the index cannot answer: {err}") from None
         content, media_type = render_response(rows, req)
         return Response(content=content, media_type=media_type)
 
