@@ -43,7 +43,13 @@ import httpx
 from retrieval.base import Hit, check_k, check_queries
 from retrieval.deadline import deadline_at
 from retrieval.errors import RequestRejected, RetrievalError, RetrieverUnavailable
-from retrieval.protocol import PROTOCOLS, Protocol, encode_request, parse_response
+from retrieval.protocol import (
+    INDEX_ID_HEADER,
+    PROTOCOLS,
+    Protocol,
+    encode_request,
+    parse_response,
+)
 from retrieval.wall_clock import attempt_ends_at, install
 
 __all__ = ["HTTPRetriever"]
@@ -71,8 +77,11 @@ class HTTPRetriever:
         max_backoff_s: the cap on one sleep.
         max_batch_queries: the most queries per request; bigger batches are split.
         max_connections: the connection pool size.
-        index_id: the index id to report; None asks the server's `/health` once (and, for a
-            server without `/health`, derives one from the URL).
+        index_id: the index id to report; None asks the server's `/health` on first use (and,
+            for a server without `/health`, derives one from the URL), then follows the id a
+            trace-rl server sends with every answer (`X-Index-Id`): a server restarted on the
+            same URL with another index changes this retriever's id, so caches keyed on it
+            drop the old index's hits.
         deadline_s: the overall time one `search` call may take, all attempts and sleeps
             included; None leaves it to `max_attempts` and the timeouts (and to an enclosing
             `retrieval.deadline` block, which applies either way).
@@ -140,6 +149,7 @@ class HTTPRetriever:
         # the peers' servers take one query per request
         self._max_batch_queries = max_batch_queries if protocol == "search-r1" else 1
         self._index_id = index_id
+        self._pinned = index_id is not None  # a caller's id is kept whatever the server says
         self._lock = threading.Lock()  # guards the lazy index id
         self._client_lock = threading.Lock()  # guards the lazy connection pools
         self._jitter = random.Random()  # private: jitter only spreads retries, never results
@@ -154,7 +164,7 @@ class HTTPRetriever:
 
     @property
     def index_id(self) -> str:
-        """The server's index id, from `/health` on first use (then remembered).
+        """The server's index id: from `/health` on first use, then from each answer's header.
 
         Raises:
             RetrieverUnavailable: the server cannot be reached within the retry budget.
@@ -180,6 +190,23 @@ class HTTPRetriever:
         if not isinstance(index_id, str):
             raise RetrievalError(f"GET {self._url}/health returned no string 'index_id'")
         return index_id
+
+    def _follow_index_id(self, response: httpx.Response) -> None:
+        """Take the index id a trace-rl server names in its answer, if it changed."""
+        served = response.headers.get(INDEX_ID_HEADER)
+        if served is None or self._pinned:
+            return
+        with self._lock:
+            if served != self._index_id:
+                if self._index_id is not None:
+                    log.warning(
+                        "%s now serves index %s (was %s): the server was restarted with another "
+                        "index; results cached under the old id are dropped",
+                        self._url,
+                        served,
+                        self._index_id,
+                    )
+                self._index_id = served
 
     def health(self) -> dict[str, Any]:
         """GET `/health`: the server's status and index manifest.
@@ -241,6 +268,7 @@ class HTTPRetriever:
                 ):
                     self._check_length(method, path, response, cap)
                     content = _read_capped(response.iter_bytes(), cap, self._too_large(path, cap))
+                self._follow_index_id(response)
                 return self._decode(method, path, response, content)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
@@ -314,6 +342,7 @@ class HTTPRetriever:
                         content = await _aread_capped(
                             response.aiter_bytes(), cap, self._too_large(path, cap)
                         )
+                self._follow_index_id(response)
                 return self._decode("POST", path, response, content)
             except (_Retryable, httpx.TransportError) as err:
                 last = err

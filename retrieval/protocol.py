@@ -32,6 +32,7 @@ from retrieval.base import Hit, parse_contents
 from retrieval.errors import InvalidRequest, RetrievalError
 
 __all__ = [
+    "INDEX_ID_HEADER",
     "PROTOCOLS",
     "Encoding",
     "Protocol",
@@ -45,6 +46,9 @@ __all__ = [
     "render_result",
     "request_encoding",
 ]
+
+INDEX_ID_HEADER = "x-index-id"
+"""The response header in which a trace-rl server names the index that answered."""
 
 Encoding = Literal["json", "msgpack"]
 Protocol = Literal["search-r1", "skyrl-gym", "gem"]

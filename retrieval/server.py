@@ -43,7 +43,7 @@ from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
 from retrieval.errors import IndexFileError, InvalidRequest
 from retrieval.guard import ConnectionLimits, check_descriptor_room, guarded_protocol
 from retrieval.manifest import IndexManifest
-from retrieval.protocol import ServerLimits, parse_request, render_response
+from retrieval.protocol import INDEX_ID_HEADER, ServerLimits, parse_request, render_response
 
 __all__ = ["create_app", "serve"]
 
@@ -122,7 +122,9 @@ def create_app(
         except IndexFileError as err:  # the batcher logged it; a retry cannot help
             raise HTTPException(409, f"the index cannot answer: {err}") from None
         content, media_type = render_response(rows, req)
-        return Response(content=content, media_type=media_type)
+        # every answer names its index: a client notices a restart with another index
+        headers = {INDEX_ID_HEADER: retriever.index_id}
+        return Response(content=content, media_type=media_type, headers=headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
