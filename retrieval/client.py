@@ -76,6 +76,8 @@ class HTTPRetriever:
         backoff_s: the first retry's base sleep; it doubles per attempt.
         max_backoff_s: the cap on one sleep.
         max_batch_queries: the most queries per request; bigger batches are split.
+        max_hits_per_request: the most queries x k per request (the server's
+            `ServerLimits.max_hits_per_request`); batches are split to stay under it.
         max_connections: the connection pool size.
         index_id: the index id to report; None asks the server's `/health` on first use (and,
             for a server without `/health`, derives one from the URL), then follows the id a
@@ -106,6 +108,7 @@ class HTTPRetriever:
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
         max_batch_queries: int = 256,
+        max_hits_per_request: int = 4_096,
         max_connections: int = 64,
         index_id: str | None = None,
         deadline_s: float | None = None,
@@ -122,9 +125,11 @@ class HTTPRetriever:
             raise ValueError(f"url {url!r} is not a valid URL: it names no host")
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        if min(max_attempts, max_batch_queries, max_connections, max_doc_bytes) < 1:
+        sizes = (max_attempts, max_batch_queries, max_hits_per_request, max_connections)
+        if min(*sizes, max_doc_bytes) < 1:
             raise ValueError(
-                "max_attempts, max_batch_queries, max_connections and max_doc_bytes must be >= 1"
+                "max_attempts, max_batch_queries, max_hits_per_request, max_connections and "
+                "max_doc_bytes must be >= 1"
             )
         if not (timeout_s > 0 and connect_timeout_s > 0):
             raise ValueError(
@@ -148,6 +153,7 @@ class HTTPRetriever:
         self._max_doc_bytes = max_doc_bytes
         # the peers' servers take one query per request
         self._max_batch_queries = max_batch_queries if protocol == "search-r1" else 1
+        self._max_hits_per_request = max_hits_per_request
         self._index_id = index_id
         self._pinned = index_id is not None  # a caller's id is kept whatever the server says
         self._lock = threading.Lock()  # guards the lazy index id
@@ -239,8 +245,9 @@ class HTTPRetriever:
         end = self._end()
         sent = [q for q in queries if q.strip()]
         rows: list[list[Hit]] = []
-        for start in range(0, len(sent), self._max_batch_queries):
-            chunk = sent[start : start + self._max_batch_queries]
+        step = self._batch_size(k)
+        for start in range(0, len(sent), step):
+            chunk = sent[start : start + step]
             body = encode_request(chunk, k, self._protocol)
             content = self._with_retries("POST", "/retrieve", body, end, self._cap(chunk, k))
             rows += parse_response(content, len(chunk), self._protocol, source=self._source)
@@ -304,8 +311,7 @@ class HTTPRetriever:
         end = self._end()
         sent = [q for q in queries if q.strip()]
         chunks = [
-            sent[i : i + self._max_batch_queries]
-            for i in range(0, len(sent), self._max_batch_queries)
+            sent[i : i + self._batch_size(k)] for i in range(0, len(sent), self._batch_size(k))
         ]
         responses = await asyncio.gather(
             *(
@@ -348,6 +354,10 @@ class HTTPRetriever:
                 last = err
                 log.debug("POST %s%s attempt %d failed: %r", self._url, path, attempt, err)
         raise self._unavailable("POST", path, last, self._max_attempts)
+
+    def _batch_size(self, k: int) -> int:
+        """Queries per request at `k` hits each: under both the query and the hit limits."""
+        return max(1, min(self._max_batch_queries, self._max_hits_per_request // k))
 
     def _async_client(self) -> httpx.AsyncClient:
         with self._client_lock:

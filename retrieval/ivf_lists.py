@@ -135,6 +135,7 @@ class LazyLists:
         """set once every list is in memory"""
         self.failed: IndexFormatError | None = None
         """why the background loader stopped, if it did"""
+        self._closing = threading.Event()
 
     def _open(self, path: Path, expected: int) -> None:
         size = path.stat().st_size
@@ -161,10 +162,17 @@ class LazyLists:
             )
 
     def close(self) -> None:
-        """Close the list files (the lists already in memory stay searchable)."""
-        for fd in self._files.values():
-            os.close(fd)
-        self._files = {}
+        """Stop the background loader and close the list files.
+
+        The lists already in memory stay searchable.
+        """
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            for fd in self._files.values():
+                os.close(fd)
+            self._files = {}
 
     def _prefetch(self, name: str, start: int, stop: int) -> None:
         """Ask the kernel to read bytes [start, stop) of a list file ahead, in large requests."""
@@ -211,8 +219,10 @@ class LazyLists:
 
     def _load_all(self) -> None:
         for start in range(0, len(self.sizes), _BACKGROUND_STEP):
+            if self._closing.is_set():
+                return
             stop = min(start + _BACKGROUND_STEP, len(self.sizes))
-            # whole steps are read in order: MADV_RANDOM's page-at-a-time faults would be slow
+            # whole steps are read ahead in large requests: reads at random would be slow
             first = int(self._code_end[start - 1]) if start else 0
             self._prefetch("lists.codes", first, int(self._code_end[stop - 1]))
             first = int(self._id_end[start - 1]) if start else 0

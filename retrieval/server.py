@@ -27,6 +27,7 @@ connection, and a cap on header size (431).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -121,7 +122,15 @@ def create_app(
             raise HTTPException(503, str(err), headers={"Retry-After": "1"}) from None
         except IndexFileError as err:  # the batcher logged it; a retry cannot help
             raise HTTPException(409, f"the index cannot answer: {err}") from None
-        content, media_type = render_response(rows, req)
+        # off the event loop: a large answer takes a while to render, and other connections
+        # must be served meanwhile
+        content, media_type = await asyncio.to_thread(render_response, rows, req)
+        if len(content) > limits.max_answer_bytes:
+            raise HTTPException(
+                413,
+                f"the answer holds {len(content)} bytes, over the limit of "
+                f"{limits.max_answer_bytes}; ask for fewer queries or a smaller topk",
+            )
         # every answer names its index: a client notices a restart with another index
         headers = {INDEX_ID_HEADER: retriever.index_id}
         return Response(content=content, media_type=media_type, headers=headers)
@@ -198,6 +207,9 @@ def serve(
         timeout_keep_alive=connections.idle_timeout_s,  # type: ignore[arg-type]
         # the guard answers 431 first; h11's own cap (a 400) only backs it up
         h11_max_incomplete_event_size=connections.max_header_bytes + 1_024,
+        # after SIGTERM: stop accepting, let requests in flight finish this long, then exit
+        # even if clients keep their connections open (uvicorn would wait for them forever)
+        timeout_graceful_shutdown=connections.shutdown_grace_s,  # type: ignore[arg-type]
     )
     server = _AnnouncingServer(config, lambda: on_ready(url) if on_ready else None)
     if host not in ("127.0.0.1", "localhost", "::1"):

@@ -51,17 +51,17 @@ def _read_status(sock: socket.socket, timeout_s: float) -> tuple[bytes, float]:
     return data, time.monotonic() - start
 
 
-def test_connections_past_the_cap_get_a_503_and_a_log_line_then_idle_ones_are_closed(guarded):
+def test_a_full_server_closes_its_longest_waiting_connection_to_serve_a_new_one(guarded):
     with idle_sockets(guarded.url, 2 * MAX_OPEN) as held:
         time.sleep(0.3)
-        assert [_retrieve(guarded.url) for _ in range(3)] == [503] * 3  # a status, never a hang
-        time.sleep(TIMEOUT_S + 0.5)  # the idle ones miss their header deadline
-        assert _retrieve(guarded.url) == 200
-        closed = [_read_status(s, 0.5)[0] for s in held]
+        # the cap is full of sockets that send nothing: a client that sends its request at once
+        # is served (it used to get a 503 for as long as the idle ones were held)
+        assert [_retrieve(guarded.url) for _ in range(3)] == [200] * 3
+        closed = [_read_status(s, 2 * TIMEOUT_S)[0] for s in held]
     assert all(not data or data.startswith((b"HTTP/1.1 503", b"HTTP/1.1 408")) for data in closed)
-    assert "refused" in guarded.log_path.read_text() and "--connections.max-open" in (
-        guarded.log_path.read_text()
-    )
+    assert sum(data.startswith(b"HTTP/1.1 503") for data in closed) >= MAX_OPEN
+    log_text = guarded.log_path.read_text()
+    assert "to make room" in log_text and "--connections.max-open" in log_text
 
 
 def test_headers_over_the_cap_get_a_431(guarded):
