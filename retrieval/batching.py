@@ -10,9 +10,9 @@ load and add no delay when the server is idle.
 
 Fair shares: a request takes at most `slice_queries` of a batch's queries, and its other
 queries wait for later batches, in turn with everyone else's. A request of 512 queries thus
-goes through in slices, and a small request that arrives meanwhile rides the next batch
-instead of waiting for the whole large one: its wait is bounded by a batch of slices, not by
-the largest request queued before it.
+goes through in slices, and a small request (one slice or less) that arrives meanwhile goes in
+the next batch, with other small ones only: its wait is bounded by one batch of slices, not by
+the largest request queued before it. Large requests still get every other batch.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class BatchingConfig:
     """how long the first request of a batch waits for company when the server is idle"""
     max_pending_queries: int = 16_384
     """queued queries beyond which new requests are refused (HTTP 503)"""
-    slice_queries: int = 64
+    slice_queries: int = 16
     """the most queries of one request in one batch; the rest go in later batches, taking
     turns with other requests (a large request cannot hold up small ones). Batches of many
     small requests still grow to `max_batch_queries`."""
@@ -115,6 +115,7 @@ class MicroBatcher:
         self._n_pending_queries = 0
         self._worker: asyncio.Task[None] | None = None
         self._active: list[_Pending] = []  # taken from the queue, queries left to search
+        self._last_small_only = False
         self._n_requests = self._n_batches = self._n_searched = self._largest_batch = 0
         self._n_queries = 0
 
@@ -209,15 +210,20 @@ class MicroBatcher:
         return sum(min(self._slice, len(i.queries) - i.taken) for i in self._active)
 
     def _take_batch(self) -> list[tuple[_Pending, int, int]]:
-        """One slice of each active request, oldest first, up to `max_batch_queries`.
+        """The next batch: new small requests alone, or one slice of each active request.
 
-        A request alone is searched in slices too: a small one that arrives while its first
-        slice runs then joins the next batch.
+        A request that fits in one slice and has not started goes first, in a batch of such
+        requests only; the batch after it holds a slice of every request, oldest first (so
+        large requests advance at least every other batch). A request alone is searched in
+        slices too: a small one that arrives while a slice runs waits for that slice only.
         """
         share = self._slice
+        small = [i for i in self._active if i.taken == 0 and len(i.queries) <= share]
+        small_only = bool(small) and not self._last_small_only and len(small) < len(self._active)
+        self._last_small_only = small_only
         batch: list[tuple[_Pending, int, int]] = []
         room = self._max_batch_queries
-        for item in self._active:
+        for item in small if small_only else self._active:
             if room <= 0:
                 break
             if item.future.done():  # a client that hung up: its queries are not searched
