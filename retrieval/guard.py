@@ -123,25 +123,24 @@ def _response(status: int, reason: str, detail: str, extra: dict[str, str] | Non
 
 
 class _Refusals:
-    """Counts refused (or evicted) connections and logs them at most once per `_LOG_EVERY_S`."""
+    """Counts refused, evicted or cut connections; logs them at most once per `_LOG_EVERY_S`.
 
-    def __init__(self, what: str) -> None:
-        self._what = what
+    Args:
+        template: the log line, formatted with the count since the last line and `add`'s args.
+    """
+
+    def __init__(self, template: str) -> None:
+        self._template = template
         self.count = 0
         self._logged_at = -_LOG_EVERY_S
         self._unlogged = 0
 
-    def add(self, open_now: int, limit: int) -> None:
+    def add(self, *args: object) -> None:
         self.count += 1
         self._unlogged += 1
         now = time.monotonic()
         if now - self._logged_at >= _LOG_EVERY_S:
-            log.warning(
-                self._what + ": %d open, the limit is %d (--connections.max-open)",
-                self._unlogged,
-                open_now,
-                limit,
-            )
+            log.warning(self._template, self._unlogged, *args)
             self._logged_at, self._unlogged = now, 0
 
 
@@ -149,6 +148,7 @@ class _GuardedProtocol(H11Protocol):
     limits: ClassVar[ConnectionLimits]
     refusals: ClassVar[_Refusals]
     evictions: ClassVar[_Refusals]
+    cuts: ClassVar[_Refusals]
     stalled: ClassVar[dict[_GuardedProtocol, float]]
     """connections whose answer waits unread in their buffer -> since when (loop time)"""
 
@@ -229,7 +229,7 @@ class _GuardedProtocol(H11Protocol):
 
     def _cut(self, why: str) -> None:
         """Drop the connection and the answer buffered for it (`abort`, not a flushing close)."""
-        log.info("cut a connection whose client does not read: %s", why)
+        self.cuts.add(why)
         self._unstall()
         self.transport.abort()
 
@@ -311,8 +311,14 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     """The h11 protocol class of uvicorn with `limits` enforced (`uvicorn.Config(http=...)`)."""
     state = {
         "limits": limits,
-        "refusals": _Refusals("refused %d connection(s) with 503"),
-        "evictions": _Refusals("closed %d slow connection(s) to make room"),
+        "refusals": _Refusals(
+            "refused %d connection(s) with 503: %d open, the limit is %d (--connections.max-open)"
+        ),
+        "evictions": _Refusals(
+            "closed %d slow connection(s) to make room: %d open, the limit is %d "
+            "(--connections.max-open)"
+        ),
+        "cuts": _Refusals("cut %d connection(s) whose client does not read its answer (last: %s)"),
         "stalled": {},
     }
     return type("GuardedProtocol", (_GuardedProtocol,), state)

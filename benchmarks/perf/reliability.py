@@ -363,6 +363,10 @@ def main(args: Args) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     """The figures, human-readable, on stderr."""
+    if "bad_bodies" not in result:  # --only-integrity: its figures only
+        for key in sorted(k for k, v in result.items() if not isinstance(v, dict)):
+            print(f"{key}: {result[key]}", file=sys.stderr)
+        return
     for name, status in result["bad_bodies"]["statuses"].items():
         print(f"{status}  {name}", file=sys.stderr)
     hung = result["hung_server"]
