@@ -366,7 +366,8 @@ def snapshot_mutations(n: int, seed: int = 0) -> dict[str, Any]:
 # -- issue 32: index files that cannot lie, a server one client cannot starve -------------------
 
 ROOT = Path(__file__).resolve().parents[2]
-_FLAT_ROWS, _FLAT_DIM = 4_000, 32
+_FLAT_ROWS = 4_000
+_FLAT_DIM = 32
 
 
 def _flat_file(directory: Path) -> tuple[Path, Any]:
