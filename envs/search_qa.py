@@ -83,6 +83,24 @@ _BIT_GENERATORS: dict[str, type[np.random.BitGenerator]] = {
     "Philox": np.random.Philox,
     "SFC64": np.random.SFC64,
 }
+_U32, _U64, _U128 = 1 << 32, 1 << 64, 1 << 128
+_SPARE = {"has_uint32": (None, 2), "uinteger": (None, _U32)}  # a buffered half of a draw
+_PCG = {"state": {"state": (None, _U128), "inc": (None, _U128)}, **_SPARE}
+# each generator's state, field by field: (None, bound) an int in [0, bound), (n, bound) a list
+# of n of them. numpy checks none of these ranges: an MT19937 `pos` past 624 is accepted, and the
+# next draw reads outside the key and kills the process.
+_RNG_FIELDS: dict[str, dict[str, Any]] = {
+    "PCG64": _PCG,
+    "PCG64DXSM": _PCG,
+    "MT19937": {"state": {"key": (624, _U32), "pos": (None, 625)}},
+    "Philox": {
+        "state": {"counter": (4, _U64), "key": (2, _U64)},
+        "buffer": (4, _U64),
+        "buffer_pos": (None, 5),
+        **_SPARE,
+    },
+    "SFC64": {"state": {"state": (4, _U64)}, **_SPARE},
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -370,10 +388,14 @@ class SearchQAEnv(gym.Env[str, str]):
         gym.Env.np_random.fset(self, value)  # type: ignore[attr-defined]
 
     def _rng_state(self) -> dict[str, Any]:
-        """The generator's state; an unseeded env draws its seed now, so copies agree."""
+        """The generator's state as plain JSON values (no numpy arrays).
+
+        An unseeded env draws its seed now, so copies agree.
+        """
         if self._rng_pending is not None:
             return self._rng_pending
-        return dict(self.np_random.bit_generator.state)
+        plain: dict[str, Any] = _plain(self.np_random.bit_generator.state)
+        return plain
 
     # -- the Gymnasium API -----------------------------------------------------------------
 
@@ -776,14 +798,55 @@ def _advice(err: BaseException) -> str:
     return "retry the step once the retriever is back"
 
 
+def _plain(value: Any) -> Any:
+    """A bit generator's state with its numpy arrays as lists of ints (JSON-ready)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, np.ndarray):
+        return [int(x) for x in value.tolist()]
+    return value
+
+
+def _check_fields(value: Any, spec: dict[str, Any], where: str) -> None:
+    """Check `value` against one of `_RNG_FIELDS`' specs: exactly its keys, each in range."""
+    if not isinstance(value, dict) or set(value) != set(spec):
+        keys = sorted(value) if isinstance(value, dict) else type(value).__name__
+        raise ValueError(f"{where} holds {keys}, expected the keys {sorted(spec)}")
+    for name, want in spec.items():
+        got = value[name]
+        if isinstance(want, dict):
+            _check_fields(got, want, f"{where}.{name}")
+            continue
+        length, bound = want
+        items = [got] if length is None else got if isinstance(got, list) else None
+        if items is None or (length is not None and len(items) != length):
+            raise ValueError(f"{where}.{name} must be a list of {length} integers")
+        for item in items:
+            if type(item) is not int or not 0 <= item < bound:
+                raise ValueError(
+                    f"{where}.{name} holds {item!r:.40}, not an integer in [0, {bound})"
+                )
+
+
 def _generator_from(text: str) -> np.random.Generator:
-    """The generator a snapshot's `rng_state` describes, built in full to check it."""
+    """The generator a snapshot's `rng_state` describes, every field checked before use.
+
+    Raises:
+        SnapshotError: not JSON, an unknown bit generator, or a field missing, extra, of the
+            wrong type or out of range (an MT19937 position past its key would crash a draw).
+    """
     try:
         state = json.loads(text)
-        bit_generator = _BIT_GENERATORS[state["bit_generator"]]()
+        name = state["bit_generator"] if isinstance(state, dict) else None
+        if name not in _RNG_FIELDS:
+            raise ValueError(f"bit_generator {name!r:.40}: expected one of {sorted(_RNG_FIELDS)}")
+        _check_fields(
+            {k: v for k, v in state.items() if k != "bit_generator"}, _RNG_FIELDS[name], name
+        )
+        bit_generator = _BIT_GENERATORS[name]()
         bit_generator.state = state
     except Exception as err:  # json and numpy raise Value/Type/Key/Overflow/RecursionError
         raise SnapshotError(
-            f"snapshot rng_state is not a bit-generator state: {err!r:.300}", field="rng_state"
+            f"snapshot rng_state is not a bit-generator state: {err!s:.300}", field="rng_state"
         ) from None
     return np.random.Generator(bit_generator)

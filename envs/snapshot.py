@@ -43,7 +43,7 @@ MAX_WRAPPER_DEPTH = 64
 """The most `WrapperSnapshot`s one snapshot may nest (a real wrapper chain is a handful)."""
 _MAX_ID_CHARS = 1_024  # task, index and document ids
 _MAX_STRING_CHARS = MAX_TEXT_CHARS  # any other string: turn contents, hit titles and texts
-_MAX_RNG_STATE_CHARS = 4_096  # the JSON of a PCG64 state is ~170 characters
+_MAX_RNG_STATE_CHARS = 8_192  # PCG64 ~170 characters, MT19937 (624 32-bit words) at most ~7,400
 _SHORT = reprlib.Repr()  # Python 3.11's takes no arguments
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 80, 80, 40
 

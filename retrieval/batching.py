@@ -7,6 +7,12 @@ everything queued (waiting at most `max_wait_s` after the first request, up to
 `max_batch_queries` queries), searches each distinct query once per `k` in a worker thread, and
 hands every request its own rows. While a batch runs, the next one fills, so batches grow with
 load and add no delay when the server is idle.
+
+Fair shares: a request takes at most `slice_queries` of a batch's queries, and its other
+queries wait for later batches, in turn with everyone else's. A request of 512 queries thus
+goes through in slices, and a small request (one slice or less) that arrives meanwhile goes in
+the next batch, with other small ones only: its wait is bounded by one batch of slices, not by
+the largest request queued before it. Large requests still get every other batch.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from retrieval.base import Hit, Retriever
-from retrieval.errors import RetrievalError
+from retrieval.errors import IndexFileError, RetrievalError
 
 __all__ = ["BatcherStats", "BatchingConfig", "MicroBatcher", "ServerBusy"]
 
@@ -34,14 +40,19 @@ class BatchingConfig:
     """How concurrent requests are merged into retriever calls."""
 
     max_batch_queries: int = 512
-    """queries per retriever call (a larger single request goes alone); 1 turns batching off"""
+    """queries per retriever call; 1 turns batching off"""
     max_wait_ms: float = 2.0
     """how long the first request of a batch waits for company when the server is idle"""
     max_pending_queries: int = 16_384
     """queued queries beyond which new requests are refused (HTTP 503)"""
+    slice_queries: int = 16
+    """the most queries of one request in one batch; the rest go in later batches, taking
+    turns with other requests (a large request cannot hold up small ones). Batches of many
+    small requests still grow to `max_batch_queries`."""
 
     def __post_init__(self) -> None:
-        if self.max_batch_queries < 1 or self.max_pending_queries < 1 or self.max_wait_ms < 0:
+        sizes = (self.max_batch_queries, self.max_pending_queries, self.slice_queries)
+        if min(sizes) < 1 or self.max_wait_ms < 0:
             raise ValueError(f"batching limits must be positive (max_wait_ms may be 0): {self}")
 
 
@@ -66,6 +77,10 @@ class _Pending:
     queries: list[str]
     k: int
     future: asyncio.Future[list[list[Hit]]] = field(repr=False)
+    rows: list[list[Hit]] = field(default_factory=list, repr=False)
+    """the hits of `queries[: len(rows)]`, found so far"""
+    taken: int = 0
+    """queries handed to batches so far (no longer counted as pending)"""
 
 
 class MicroBatcher:
@@ -95,11 +110,12 @@ class MicroBatcher:
         self._max_batch_queries = config.max_batch_queries
         self._max_wait_s = config.max_wait_ms / 1000
         self._max_pending_queries = config.max_pending_queries
+        self._slice = config.slice_queries
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue()
         self._n_pending_queries = 0
         self._worker: asyncio.Task[None] | None = None
-        self._carried: _Pending | None = None
-        self._inflight: list[_Pending] = []
+        self._active: list[_Pending] = []  # taken from the queue, queries left to search
+        self._last_small_only = False
         self._n_requests = self._n_batches = self._n_searched = self._largest_batch = 0
         self._n_queries = 0
 
@@ -120,9 +136,7 @@ class MicroBatcher:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
-        leftovers = [*self._inflight, *([self._carried] if self._carried is not None else [])]
-        self._inflight = []
-        self._carried = None
+        leftovers, self._active = self._active, []
         while not self._queue.empty():
             leftovers.append(self._queue.get_nowait())
         for item in leftovers:
@@ -162,52 +176,95 @@ class MicroBatcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            first, self._carried = self._carried, None
-            batch = [first if first is not None else await self._queue.get()]
-            n_queries = len(batch[0].queries)
-            deadline = loop.time() + self._max_wait_s
-            while n_queries < self._max_batch_queries:
+            if not self._active:
+                self._active.append(await self._queue.get())
+            # wait a little for company (only when no earlier request still has slices left)
+            deadline = loop.time() + (0.0 if len(self._active) > 1 else self._max_wait_s)
+            while self._slices_total() < self._max_batch_queries:
                 if self._queue.empty():
                     remaining = deadline - loop.time()
                     if remaining <= 0:
                         break
                     try:
-                        item = await asyncio.wait_for(self._queue.get(), remaining)
+                        self._active.append(await asyncio.wait_for(self._queue.get(), remaining))
                     except TimeoutError:
                         break
                 else:
-                    item = self._queue.get_nowait()
-                if n_queries + len(item.queries) > self._max_batch_queries:
-                    self._carried = item  # it opens the next batch
-                    break
-                batch.append(item)
-                n_queries += len(item.queries)
+                    self._active.append(self._queue.get_nowait())
+            batch = self._take_batch()
+            n_queries = sum(stop - start for _, start, stop in batch)
             self._n_pending_queries -= n_queries
             self._n_batches += 1
             self._largest_batch = max(self._largest_batch, n_queries)
-            self._inflight = batch
             await self._serve(batch)
-            self._inflight = []
+            still = []
+            for item in self._active:
+                if not item.future.done():
+                    still.append(item)
+                else:  # answered, failed or abandoned: what it did not take is not pending
+                    self._n_pending_queries -= len(item.queries) - item.taken
+            self._active = still
 
-    async def _serve(self, batch: list[_Pending]) -> None:
-        by_k: dict[int, list[_Pending]] = {}
-        for item in batch:
-            by_k.setdefault(item.k, []).append(item)
-        for k, items in by_k.items():
-            distinct = list(dict.fromkeys(q for item in items for q in item.queries))
+    def _slices_total(self) -> int:
+        """Queries the active requests would put in the next batch."""
+        return sum(min(self._slice, len(i.queries) - i.taken) for i in self._active)
+
+    def _take_batch(self) -> list[tuple[_Pending, int, int]]:
+        """The next batch: new small requests alone, or one slice of each active request.
+
+        A request that fits in one slice and has not started goes first, in a batch of such
+        requests only; the batch after it holds a slice of every request, oldest first (so
+        large requests advance at least every other batch). A request alone is searched in
+        slices too: a small one that arrives while a slice runs waits for that slice only.
+        """
+        share = self._slice
+        small = [i for i in self._active if i.taken == 0 and len(i.queries) <= share]
+        small_only = bool(small) and not self._last_small_only and len(small) < len(self._active)
+        self._last_small_only = small_only
+        batch: list[tuple[_Pending, int, int]] = []
+        room = self._max_batch_queries
+        for item in small if small_only else self._active:
+            if room <= 0:
+                break
+            if item.future.done():  # a client that hung up: its queries are not searched
+                continue
+            start = item.taken
+            stop = min(len(item.queries), start + share, start + room)
+            batch.append((item, start, stop))
+            item.taken = stop
+            room -= stop - start
+        return batch
+
+    async def _serve(self, batch: list[tuple[_Pending, int, int]]) -> None:
+        by_k: dict[int, list[tuple[_Pending, int, int]]] = {}
+        for part in batch:
+            by_k.setdefault(part[0].k, []).append(part)
+        for k, parts in by_k.items():
+            distinct = list(dict.fromkeys(q for item, a, b in parts for q in item.queries[a:b]))
             try:
                 rows = await asyncio.get_running_loop().run_in_executor(
                     self._executor, self._retriever.search, distinct, k
                 )
+            except IndexFileError as err:  # a damaged or changed index: one line, no trace
+                log.error("refused a batch of %d queries: %s", len(distinct), err)
+                self._fail(parts, err)
+                continue
             except Exception as err:  # handed to each waiting request, which reports it
                 log.exception("retriever failed on a batch of %d queries", len(distinct))
-                for item in items:
-                    if not item.future.done():
-                        item.future.set_exception(err)
+                self._fail(parts, err)
                 continue
             self._n_searched += len(distinct)
-            self._n_queries += sum(len(item.queries) for item in items)
+            self._n_queries += sum(b - a for _, a, b in parts)
             by_query = dict(zip(distinct, rows, strict=True))
-            for item in items:
-                if not item.future.done():  # a client that hung up leaves a cancelled future
-                    item.future.set_result([list(by_query[q]) for q in item.queries])
+            for item, a, b in parts:
+                if item.future.done():  # a client that hung up leaves a cancelled future
+                    continue
+                item.rows += [list(by_query[q]) for q in item.queries[a:b]]
+                if len(item.rows) == len(item.queries):
+                    item.future.set_result(item.rows)
+
+    @staticmethod
+    def _fail(parts: list[tuple[_Pending, int, int]], err: Exception) -> None:
+        for item, _, _ in parts:
+            if not item.future.done():
+                item.future.set_exception(err)

@@ -23,7 +23,8 @@ import Stemmer
 from retrieval.base import Document, Hit, check_k, check_queries
 from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
 from retrieval.errors import IndexFormatError, IndexMismatchError
-from retrieval.manifest import CORPUS_NAME, IndexManifest, now_utc, read_manifest
+from retrieval.index_files import FileWatch, atomic_directory
+from retrieval.manifest import CORPUS_NAME, MANIFEST_NAME, IndexManifest, now_utc, read_manifest
 
 __all__ = ["BM25Params", "BM25Retriever", "top_k_indices"]
 
@@ -92,11 +93,13 @@ class BM25Retriever:
         model: bm25s.BM25,
         params: BM25Params,
         manifest: IndexManifest,
+        watch: FileWatch | None = None,
     ) -> None:
         self._documents = tuple(documents)
         self._model = model
         self._params = params
         self._manifest = manifest
+        self._watch = watch  # mapped arrays: refuse once their files change under us
 
     @classmethod
     def build(
@@ -179,6 +182,8 @@ class BM25Retriever:
         k = check_k(k)
         if not queries:
             return []
+        if self._watch is not None:
+            self._watch.check()
         query_tokens = bm25s.tokenize(
             queries,
             stopwords=_stopwords(self._params),
@@ -202,12 +207,21 @@ class BM25Retriever:
         return Hit(doc_id=doc.doc_id, title=doc.title, text=doc.text, score=score)
 
     def save(self, directory: str | Path) -> None:
-        """Write the index to `directory` (created if needed): manifest, corpus, bm25s arrays."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_corpus(self._documents, directory / CORPUS_NAME)
-        self._model.save(str(directory / _BM25S_DIR), show_progress=False, allow_pickle=False)
-        self._manifest.write(directory)  # last: a directory with a manifest is complete
+        """Write the index to `directory`: manifest, corpus, bm25s arrays.
+
+        The files are written to a new directory beside it that then takes its place in one
+        atomic rename: an index already there is replaced whole, or kept whole if the process
+        dies first. A non-empty directory that holds no index is refused, not replaced.
+
+        Raises:
+            IndexFormatError: `directory` exists and holds something else than an index.
+        """
+        # built beside it, then swapped in at once: a kill leaves the old index or the new one
+        with atomic_directory(directory, marker=MANIFEST_NAME) as work:
+            write_corpus(self._documents, work / CORPUS_NAME)
+            self._model.save(str(work / _BM25S_DIR), show_progress=False, allow_pickle=False)
+            # last: a directory with a manifest is complete, and its table lists what is there
+            self._manifest = self._manifest.write(work)
         log.info("saved BM25 index %s to %s", self.index_id, directory)
 
     @classmethod
@@ -220,6 +234,7 @@ class BM25Retriever:
 
         Raises:
             IndexFormatError: files are missing or malformed.
+            IndexFileError: a file is missing, of another size or not in the manifest.
             IndexMismatchError: the directory holds another kind of index, or its corpus or
                 arrays do not match its manifest.
         """
@@ -241,7 +256,8 @@ class BM25Retriever:
                 f"{directory}: the bm25s arrays index {model.scores['num_docs']} documents but "
                 f"corpus.jsonl holds {len(documents)}; rebuild the index"
             )
-        return cls(documents=documents, model=model, params=params, manifest=manifest)
+        watch = FileWatch(list((directory / _BM25S_DIR).glob("*.npy"))) if mmap else None
+        return cls(documents=documents, model=model, params=params, manifest=manifest, watch=watch)
 
 
 def _check_unique_ids(documents: Sequence[Document]) -> None:

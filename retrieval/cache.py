@@ -66,6 +66,7 @@ class CachedRetriever:
         # asked for on first use, not here: a server that is down at construction may be up
         # by the first search, and `make_retriever(url)` must not fail before then
         self._index_id: str | None = None
+        """the inner index id the entries were cached under"""
         self._max_entries = max_entries
         self._entries: OrderedDict[tuple[str, int], tuple[Hit, ...]] = OrderedDict()
         self._lock = threading.Lock()
@@ -74,18 +75,28 @@ class CachedRetriever:
 
     @property
     def index_id(self) -> str:
-        """The inner retriever's index id (asked for once, on first use).
+        """The inner retriever's index id; when it changed, the cache is emptied first.
+
+        A remote retriever learns a new id from its server's answers (`HTTPRetriever`): the
+        hits cached under the old one are then another index's, never served again.
 
         Raises:
             RetrievalError: whatever the inner retriever's `index_id` raises (a remote one
-                raises `RetrieverUnavailable` while its server is down); it is asked again
-                next time.
+                raises `RetrieverUnavailable` while its server is down on first use).
         """
-        if self._index_id is None:
-            index_id = self._inner.index_id
-            with self._lock:
+        index_id = self._inner.index_id
+        with self._lock:
+            if index_id != self._index_id:
+                if self._index_id is not None:
+                    log.warning(
+                        "index id changed from %s to %s: dropped %d cached results",
+                        self._index_id,
+                        index_id,
+                        len(self._entries),
+                    )
+                self._entries.clear()
                 self._index_id = index_id
-        return self._index_id
+        return index_id
 
     @property
     def inner(self) -> Retriever:
@@ -111,6 +122,23 @@ class CachedRetriever:
         """
         keys = [normalize_query(q) for q in check_queries(queries, text=False)]
         k = check_k(k)
+        if not keys:
+            return []
+        found = self._search(keys, k)
+        if found is None:  # the index changed while the misses were fetched: once more
+            found = self._search(keys, k)
+        if found is None:
+            raise RetrievalError("the index changed twice during one search; retry it")
+        return [list(found[key]) for key in keys]
+
+    def _search(self, keys: list[str], k: int) -> dict[str, tuple[Hit, ...]] | None:
+        """Hits per key from the cache and the inner retriever, all under one index id.
+
+        Returns:
+            None if the inner index id changed while the misses were fetched: the cached hits
+            were the old index's, so nothing is mixed or stored (the cache is emptied).
+        """
+        epoch = self.index_id
         found: dict[str, tuple[Hit, ...]] = {}
         with self._lock:
             for key in keys:
@@ -125,6 +153,8 @@ class CachedRetriever:
                 raise RetrievalError(
                     f"inner retriever returned {len(fresh)} result lists for {len(missing)} queries"
                 )
+            if self.index_id != epoch:
+                return None
             with self._lock:
                 for key, hits in zip(missing, fresh, strict=True):
                     found[key] = self._entries[(key, k)] = tuple(hits)
@@ -135,4 +165,4 @@ class CachedRetriever:
         with self._lock:
             self._n_misses += len(missing)
             self._n_hits += len(keys) - len(missing)
-        return [list(found[key]) for key in keys]
+        return found

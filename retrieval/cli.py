@@ -27,6 +27,7 @@ __all__ = [
     "SearchConfig",
     "ServeConfig",
     "StatsCommand",
+    "VerifyCommand",
     "index",
     "serve_retriever",
 ]
@@ -153,6 +154,18 @@ class ExportEncoderCommand:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VerifyCommand:
+    """Hash every file of an index directory against its manifest (reads the whole index).
+
+    Opening an index already checks each file's presence and size; this also finds a file
+    changed in place (a bit flip, another build's file of the same size).
+    """
+
+    index: tyro.conf.Positional[Path]
+    """an index directory (`tracerl index build`) or a compressed one (`tracerl index compress`)"""
+
+
+@dataclass(frozen=True, kw_only=True)
 class StatsCommand:
     """Print what judges an index against its queries: bytes per vector, score geometry."""
 
@@ -210,6 +223,9 @@ class ServeConfig:
     """the TCP port (0 picks a free one; the ready line names it)"""
     mmap: bool = False
     """memory-map the index arrays instead of reading them into memory"""
+    verify: bool = False
+    """with --index or --compressed: hash every index file against its manifest before serving
+    (reads the whole index once; `tracerl index verify` does it alone)"""
     threads: int | None = None
     """CPU threads of the encoder (torch) and of faiss (OpenMP); None keeps their defaults, one
     per core. 1 is faster on a machine whose cores are shared with other busy processes, where
@@ -224,7 +240,7 @@ class ServeConfig:
 
 
 def index(argv: list[str]) -> int:
-    """`tracerl index build|search|compress|export-encoder|stats`."""
+    """`tracerl index build|search|compress|export-encoder|stats|verify`."""
     config = tyro.extras.subcommand_cli_from_dict(
         {
             "build": BuildConfig,
@@ -232,6 +248,7 @@ def index(argv: list[str]) -> int:
             "compress": CompressCommand,
             "export-encoder": ExportEncoderCommand,
             "stats": StatsCommand,
+            "verify": VerifyCommand,
         },
         args=argv,
         prog="tracerl index",
@@ -245,11 +262,21 @@ def index(argv: list[str]) -> int:
             _stats(config)
         elif isinstance(config, ExportEncoderCommand):
             _export_encoder(config)
+        elif isinstance(config, VerifyCommand):
+            _verify(config)
         else:
             _search(config)
     except (RetrievalError, ValueError) as err:
         raise SystemExit(f"tracerl index: {err}") from err
     return 0
+
+
+def _verify(config: VerifyCommand) -> None:
+    from retrieval.indexes import verify_index
+
+    start = time.perf_counter()
+    verify_index(config.index)
+    print(f"{config.index}: every file matches its manifest ({time.perf_counter() - start:.1f} s)")
 
 
 def _build(config: BuildConfig) -> None:
@@ -280,7 +307,7 @@ def _build(config: BuildConfig) -> None:
             ivf_nprobe=config.ivf_nprobe,
             progress=True,
         )
-    retriever.save(config.out)
+    retriever.save(config.out)  # atomic: a kill leaves the old index or the new one
     print(
         f"built {config.kind} index {retriever.index_id} over {len(documents)} documents "
         f"in {time.perf_counter() - start:.1f} s: {config.out}"
@@ -396,9 +423,13 @@ def _serve_retriever(config: ServeConfig) -> Any:
             "pass either --index DIR or --faiss-index FILE --corpus FILE (or --compressed DIR "
             "--corpus FILE)"
         )
+    if config.verify and config.index is None:
+        raise ValueError("--verify checks an index directory: it goes with --index or --compressed")
     if config.index is not None:
-        from retrieval.indexes import load_index
+        from retrieval.indexes import load_index, verify_index
 
+        if config.verify:
+            verify_index(config.index)
         if config.corpus is not None or config.encoder is not None or config.query_prefix:
             raise ValueError("--corpus, --encoder and --query-prefix go with --faiss-index")
         return load_index(config.index, mmap=config.mmap)
@@ -461,9 +492,16 @@ def _serve_compressed(config: ServeConfig, compressed: Path) -> Any:
         raise ValueError(
             "--compressed needs --corpus FILE (the JSONL the flat index was built over)"
         )
-    from retrieval.compressed import CompressedIndex, SearchDefaults, read_compressed_record
+    from retrieval.compressed import (
+        CompressedIndex,
+        SearchDefaults,
+        check_compressed_files,
+        read_compressed_record,
+    )
     from retrieval.prebuilt import PrebuiltRetriever
 
+    if config.verify:
+        check_compressed_files(compressed, hashes=True)
     defaults = SearchDefaults(**read_compressed_record(compressed)["search"])
     search = SearchDefaults(
         nprobe=config.nprobe if config.nprobe is not None else defaults.nprobe,

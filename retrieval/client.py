@@ -43,7 +43,13 @@ import httpx
 from retrieval.base import Hit, check_k, check_queries
 from retrieval.deadline import deadline_at
 from retrieval.errors import RequestRejected, RetrievalError, RetrieverUnavailable
-from retrieval.protocol import PROTOCOLS, Protocol, encode_request, parse_response
+from retrieval.protocol import (
+    INDEX_ID_HEADER,
+    PROTOCOLS,
+    Protocol,
+    encode_request,
+    parse_response,
+)
 from retrieval.wall_clock import attempt_ends_at, install
 
 __all__ = ["HTTPRetriever"]
@@ -70,9 +76,14 @@ class HTTPRetriever:
         backoff_s: the first retry's base sleep; it doubles per attempt.
         max_backoff_s: the cap on one sleep.
         max_batch_queries: the most queries per request; bigger batches are split.
+        max_hits_per_request: the most queries x k per request (the server's
+            `ServerLimits.max_hits_per_request`); batches are split to stay under it.
         max_connections: the connection pool size.
-        index_id: the index id to report; None asks the server's `/health` once (and, for a
-            server without `/health`, derives one from the URL).
+        index_id: the index id to report; None asks the server's `/health` on first use (and,
+            for a server without `/health`, derives one from the URL), then follows the id a
+            trace-rl server sends with every answer (`X-Index-Id`): a server restarted on the
+            same URL with another index changes this retriever's id, so caches keyed on it
+            drop the old index's hits.
         deadline_s: the overall time one `search` call may take, all attempts and sleeps
             included; None leaves it to `max_attempts` and the timeouts (and to an enclosing
             `retrieval.deadline` block, which applies either way).
@@ -97,6 +108,7 @@ class HTTPRetriever:
         backoff_s: float = 0.2,
         max_backoff_s: float = 5.0,
         max_batch_queries: int = 256,
+        max_hits_per_request: int = 4_096,
         max_connections: int = 64,
         index_id: str | None = None,
         deadline_s: float | None = None,
@@ -113,9 +125,11 @@ class HTTPRetriever:
             raise ValueError(f"url {url!r} is not a valid URL: it names no host")
         if protocol not in PROTOCOLS:
             raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
-        if min(max_attempts, max_batch_queries, max_connections, max_doc_bytes) < 1:
+        sizes = (max_attempts, max_batch_queries, max_hits_per_request, max_connections)
+        if min(*sizes, max_doc_bytes) < 1:
             raise ValueError(
-                "max_attempts, max_batch_queries, max_connections and max_doc_bytes must be >= 1"
+                "max_attempts, max_batch_queries, max_hits_per_request, max_connections and "
+                "max_doc_bytes must be >= 1"
             )
         if not (timeout_s > 0 and connect_timeout_s > 0):
             raise ValueError(
@@ -139,7 +153,9 @@ class HTTPRetriever:
         self._max_doc_bytes = max_doc_bytes
         # the peers' servers take one query per request
         self._max_batch_queries = max_batch_queries if protocol == "search-r1" else 1
+        self._max_hits_per_request = max_hits_per_request
         self._index_id = index_id
+        self._pinned = index_id is not None  # a caller's id is kept whatever the server says
         self._lock = threading.Lock()  # guards the lazy index id
         self._client_lock = threading.Lock()  # guards the lazy connection pools
         self._jitter = random.Random()  # private: jitter only spreads retries, never results
@@ -154,7 +170,7 @@ class HTTPRetriever:
 
     @property
     def index_id(self) -> str:
-        """The server's index id, from `/health` on first use (then remembered).
+        """The server's index id: from `/health` on first use, then from each answer's header.
 
         Raises:
             RetrieverUnavailable: the server cannot be reached within the retry budget.
@@ -180,6 +196,23 @@ class HTTPRetriever:
         if not isinstance(index_id, str):
             raise RetrievalError(f"GET {self._url}/health returned no string 'index_id'")
         return index_id
+
+    def _follow_index_id(self, response: httpx.Response) -> None:
+        """Take the index id a trace-rl server names in its answer, if it changed."""
+        served = response.headers.get(INDEX_ID_HEADER)
+        if served is None or self._pinned:
+            return
+        with self._lock:
+            if served != self._index_id:
+                if self._index_id is not None:
+                    log.warning(
+                        "%s now serves index %s (was %s): the server was restarted with another "
+                        "index; results cached under the old id are dropped",
+                        self._url,
+                        served,
+                        self._index_id,
+                    )
+                self._index_id = served
 
     def health(self) -> dict[str, Any]:
         """GET `/health`: the server's status and index manifest.
@@ -212,8 +245,9 @@ class HTTPRetriever:
         end = self._end()
         sent = [q for q in queries if q.strip()]
         rows: list[list[Hit]] = []
-        for start in range(0, len(sent), self._max_batch_queries):
-            chunk = sent[start : start + self._max_batch_queries]
+        step = self._batch_size(k)
+        for start in range(0, len(sent), step):
+            chunk = sent[start : start + step]
             body = encode_request(chunk, k, self._protocol)
             content = self._with_retries("POST", "/retrieve", body, end, self._cap(chunk, k))
             rows += parse_response(content, len(chunk), self._protocol, source=self._source)
@@ -241,6 +275,7 @@ class HTTPRetriever:
                 ):
                     self._check_length(method, path, response, cap)
                     content = _read_capped(response.iter_bytes(), cap, self._too_large(path, cap))
+                self._follow_index_id(response)
                 return self._decode(method, path, response, content)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
@@ -276,8 +311,7 @@ class HTTPRetriever:
         end = self._end()
         sent = [q for q in queries if q.strip()]
         chunks = [
-            sent[i : i + self._max_batch_queries]
-            for i in range(0, len(sent), self._max_batch_queries)
+            sent[i : i + self._batch_size(k)] for i in range(0, len(sent), self._batch_size(k))
         ]
         responses = await asyncio.gather(
             *(
@@ -314,11 +348,16 @@ class HTTPRetriever:
                         content = await _aread_capped(
                             response.aiter_bytes(), cap, self._too_large(path, cap)
                         )
+                self._follow_index_id(response)
                 return self._decode("POST", path, response, content)
             except (_Retryable, httpx.TransportError) as err:
                 last = err
                 log.debug("POST %s%s attempt %d failed: %r", self._url, path, attempt, err)
         raise self._unavailable("POST", path, last, self._max_attempts)
+
+    def _batch_size(self, k: int) -> int:
+        """Queries per request at `k` hits each: under both the query and the hit limits."""
+        return max(1, min(self._max_batch_queries, self._max_hits_per_request // k))
 
     def _async_client(self) -> httpx.AsyncClient:
         with self._client_lock:

@@ -46,8 +46,17 @@ from typing import Any, Literal
 import numpy as np
 from tqdm.auto import tqdm
 
-from retrieval.errors import IndexFormatError, IndexMismatchError
+from retrieval.errors import IndexFileError, IndexFormatError, IndexMismatchError
 from retrieval.faiss_files import FlatVectors, file_fingerprint, read_index
+from retrieval.index_files import (
+    FileWatch,
+    atomic_directory,
+    check_sizes,
+    file_table,
+    table_from_json,
+    table_to_json,
+    verify_hashes,
+)
 from retrieval.ivf_lists import LIST_FILES, LazyLists, has_split_lists, split_lists, splittable
 
 __all__ = [
@@ -59,6 +68,7 @@ __all__ = [
     "Preset",
     "SearchDefaults",
     "SearchLaw",
+    "check_compressed_files",
     "compress_flat_index",
     "fitted_search",
     "read_compressed_record",
@@ -204,7 +214,9 @@ def compress_flat_index(
 
     Args:
         flat_path: an `IndexFlatIP` / `IndexFlatL2` file (Search-R1's `e5_Flat.index`).
-        out_dir: the directory to write (`index.faiss`, `compressed.json`); created if needed.
+        out_dir: the directory to write (`index.faiss`, `compressed.json`, the lists). The
+            build goes into a new directory beside it that then takes its place in one atomic
+            rename, so a kill leaves the old index or the new one, never a mix.
         config: preset, cells, sample and chunk sizes, seed, search defaults.
         n_rows: index only the first `n_rows` rows (benchmarks at several sizes); None: all.
         centroids: IVF centroids (nlist, d) from an earlier build over the same rows, which
@@ -217,6 +229,7 @@ def compress_flat_index(
     Raises:
         IndexFormatError: the flat file is not a faiss flat index.
         ValueError: `n_rows` is out of range.
+        IndexFormatError: `out_dir` exists and is not a compressed index directory.
     """
     import faiss
 
@@ -275,36 +288,36 @@ def compress_flat_index(
         os.close(fd)
         flat.close()
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in LIST_FILES:  # an --overwrite of a directory split before
-        (out_dir / name).unlink(missing_ok=True)
-    # fast-scan lists go beside the index, where they can be mapped (retrieval.ivf_lists)
-    list_bytes = split_lists(index, out_dir) if splittable(index) else 0
-    faiss.write_index(index, str(out_dir / _INDEX_NAME))
-    record: dict[str, Any] = {
-        "schema_version": _SCHEMA_VERSION,
-        "kind": "compressed",
-        "preset": config.preset,
-        "factory": factory,
-        "n_rows": n,
-        "dim": d,
-        "metric": flat.metric,
-        "nlist": config.nlist_for(n) if _is_ivf(config.preset) else 0,
-        "n_train": n_train,
-        "centroids": "given" if centroids is not None else "trained",
-        "seed": config.seed,
-        "threads": faiss.omp_get_max_threads(),
-        "flat_file": str(flat_path.resolve()),
-        "flat_fingerprint": file_fingerprint(flat_path),
-        "flat_rows": flat.n,
-        "index_bytes": (out_dir / _INDEX_NAME).stat().st_size + list_bytes,
-        "lists": "split" if list_bytes else "in-index",
-        "train_s": round(train_s, 3),
-        "add_s": round(add_s, 3),
-        "build_s": round(time.perf_counter() - start, 3),
-        "search": asdict(config.search),
-    }
-    (out_dir / COMPRESSED_NAME).write_text(json.dumps(record, indent=2) + "\n")
+    with atomic_directory(out_dir, marker=COMPRESSED_NAME) as work:
+        # fast-scan lists go beside the index, where they can be read (retrieval.ivf_lists)
+        list_bytes = split_lists(index, work) if splittable(index) else 0
+        faiss.write_index(index, str(work / _INDEX_NAME))
+        record: dict[str, Any] = {
+            "schema_version": _SCHEMA_VERSION,
+            "kind": "compressed",
+            "preset": config.preset,
+            "factory": factory,
+            "n_rows": n,
+            "dim": d,
+            "metric": flat.metric,
+            "nlist": config.nlist_for(n) if _is_ivf(config.preset) else 0,
+            "n_train": n_train,
+            "centroids": "given" if centroids is not None else "trained",
+            "seed": config.seed,
+            "threads": faiss.omp_get_max_threads(),
+            "flat_file": str(flat_path.resolve()),
+            "flat_fingerprint": file_fingerprint(flat_path),
+            "flat_rows": flat.n,
+            "index_bytes": (work / _INDEX_NAME).stat().st_size + list_bytes,
+            "lists": "split" if list_bytes else "in-index",
+            "train_s": round(train_s, 3),
+            "add_s": round(add_s, 3),
+            "build_s": round(time.perf_counter() - start, 3),
+            "search": asdict(config.search),
+            # the table of the files above: checked at open, and part of the served index id
+            "files": table_to_json(file_table(work, exclude={COMPRESSED_NAME})),
+        }
+        (work / COMPRESSED_NAME).write_text(json.dumps(record, indent=2) + "\n")
     log.info(
         "compressed index %s: %d rows, %.1f MB (%.1f B/row), built in %.1f s",
         out_dir,
@@ -334,6 +347,31 @@ def read_compressed_record(directory: str | Path) -> dict[str, Any]:
     return record
 
 
+def check_compressed_files(directory: str | Path, *, hashes: bool = False) -> None:
+    """Compare a compressed directory's files with `compressed.json`'s table.
+
+    Sizes and names always; `hashes` also hashes every file. A directory written before the
+    table existed is only warned about.
+
+    Raises:
+        IndexFormatError: `compressed.json` is missing or malformed.
+        IndexFileError: naming the missing, resized, changed or extra file.
+    """
+    directory = Path(directory)
+    record = read_compressed_record(directory)
+    if "files" not in record:
+        log.warning(
+            "%s was written before compressed.json listed its files: they are not checked; "
+            "rebuild it (`tracerl index compress --overwrite`) to get the checks",
+            directory,
+        )
+        return
+    table = table_from_json(record["files"], source=str(directory / COMPRESSED_NAME))
+    check_sizes(directory, table, exclude={COMPRESSED_NAME})
+    if hashes:
+        verify_hashes(directory, table)
+
+
 class CompressedIndex:
     """A compressed index directory, searched with an exact re-rank from its flat file.
 
@@ -347,7 +385,9 @@ class CompressedIndex:
         search: search settings; None: the directory's defaults.
 
     Raises:
-        IndexFormatError: a file is missing or unreadable.
+        IndexFormatError: a file is unreadable.
+        IndexFileError: a file is missing, of another size than `compressed.json` records,
+            or not in its table.
         IndexMismatchError: the flat file is not the one the index was built from.
     """
 
@@ -364,12 +404,20 @@ class CompressedIndex:
         self.record = read_compressed_record(self.directory)
         self.settings = search or SearchDefaults(**self.record["search"])
         self._lists: LazyLists | None = None
-        if has_split_lists(self.directory):
-            # the lists come in as queries probe them; the rest of the file is mapped
-            self._index = read_index(self.directory / _INDEX_NAME, mmap=True, ifc=True)
+        self.check_files()
+        split = (
+            self.record.get("lists", "split" if has_split_lists(self.directory) else "") == "split"
+        )
+        if split and not has_split_lists(self.directory):  # a directory without a file table
+            missing = [name for name in LIST_FILES if not (self.directory / name).is_file()]
+            raise IndexFileError(self.directory / missing[0], "is missing; rebuild the index")
+        # read, not mapped: the centroids and graph are small, and a mapping of a file that
+        # shrinks later kills the process with SIGBUS
+        self._index = read_index(self.directory / _INDEX_NAME, mmap=False)
+        watched = [self.directory / _INDEX_NAME]
+        if split:  # the lists come in as queries probe them
             self._lists = LazyLists(self._index, self.directory)
-        else:
-            self._index = read_index(self.directory / _INDEX_NAME, mmap=False)
+            watched += [self.directory / name for name in LIST_FILES]
         self.ntotal = int(self._index.ntotal)
         self.d = int(self._index.d)
         self._flat: FlatVectors | None = None
@@ -386,9 +434,15 @@ class CompressedIndex:
                     f"{file_fingerprint(path)}, expected {self.record['flat_fingerprint']})"
                 )
             self._flat = FlatVectors(path)
+            watched.append(path)
+        self._watch = FileWatch(watched)
         self._ivf = faiss.try_extract_index_ivf(self._index)
         self._ip = self.record["metric"] == "inner_product"
         self.set_search(self.settings)
+
+    def check_files(self, *, hashes: bool = False) -> None:
+        """`check_compressed_files` of this index's directory."""
+        check_compressed_files(self.directory, hashes=hashes)
 
     @property
     def nlist(self) -> int:
@@ -429,7 +483,9 @@ class CompressedIndex:
         return np.asarray(cells)
 
     def close(self) -> None:
-        """Unmap the flat file."""
+        """Unmap the flat file and close the list files."""
+        if self._lists is not None:
+            self._lists.close()
         if self._flat is not None:
             self._flat.close()
             self._flat = None
@@ -499,8 +555,16 @@ class CompressedIndex:
         Returns:
             (scores, ids), each (Q, k); missing hits have id -1.
         """
+        self._watch.check()
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         scores, ids = self.candidates(vectors, k)  # (Q, k·k_factor)
+        if ids.size and int(ids.max()) >= self.ntotal:
+            # faiss's re-rank stops at the first bad id, and the corpus has no such row
+            raise IndexFileError(
+                self.directory / ("lists.ids" if self._lists is not None else _INDEX_NAME),
+                f"holds row id {int(ids.max())}, past the index's {self.ntotal} rows: it is "
+                "damaged; check it with `tracerl index verify` and rebuild",
+            )
         if self._flat is not None:
             scores, ids = rerank(self._flat, vectors, ids, k, inner_product=self._ip)
         if self._lists is not None:  # after the first answer, not competing with it

@@ -10,15 +10,50 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import stat
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from retrieval.base import Document
 from retrieval.errors import IndexFormatError
 
-__all__ = ["corpus_hash", "index_text", "read_corpus", "write_corpus"]
+__all__ = [
+    "MAX_CORPUS_BYTES",
+    "check_regular_file",
+    "corpus_hash",
+    "index_text",
+    "read_corpus",
+    "write_corpus",
+]
 
 log = logging.getLogger(__name__)
+
+MAX_CORPUS_BYTES = 16 << 30
+"""The largest corpus `read_corpus` reads into memory (wiki-18's 14 GB passes; a larger one is
+served from its file by `retrieval.PrebuiltRetriever`, which never loads it)."""
+
+
+def check_regular_file(path: Path, *, what: str, max_bytes: int) -> None:
+    """Refuse, before opening it, a path that is not a regular file or is over `max_bytes`.
+
+    Opening a FIFO blocks until a writer comes (forever, for a typo), and a device such as
+    `/dev/zero` never ends; `stat` tells both apart from a file without blocking.
+
+    Raises:
+        IndexFormatError: naming `what`, the path and the problem.
+    """
+    try:
+        info = path.stat()
+    except OSError as err:
+        raise IndexFormatError(f"cannot read {what} {path}: {err.strerror}") from err
+    if not stat.S_ISREG(info.st_mode):
+        raise IndexFormatError(
+            f"{what} {path} is not a regular file (a directory, FIFO or device); give a file"
+        )
+    if info.st_size > max_bytes:
+        raise IndexFormatError(
+            f"{what} {path} holds {info.st_size:,} bytes, over the {max_bytes:,} read into memory"
+        )
 
 
 def read_corpus(path: str | Path) -> list[Document]:
@@ -31,11 +66,13 @@ def read_corpus(path: str | Path) -> list[Document]:
         The documents, in file order.
 
     Raises:
-        IndexFormatError: the file is missing or unreadable, a line is not a JSON object with a
-            string `id` and a string `contents` (or `text`), or an id repeats. The message
-            names the file and the 1-based line number.
+        IndexFormatError: the file is missing or unreadable, not a regular file, over
+            `MAX_CORPUS_BYTES`, a line is not a JSON object with a string `id` and a string
+            `contents` (or `text`), or an id repeats. The message names the file and the
+            1-based line number.
     """
     path = Path(path)
+    check_regular_file(path, what="corpus", max_bytes=MAX_CORPUS_BYTES)
     try:
         handle = path.open(encoding="utf-8")
     except OSError as err:

@@ -35,7 +35,8 @@ from retrieval.base import Document, Encoder, Hit, check_k, check_queries
 from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
 from retrieval.errors import IndexFormatError, IndexMismatchError
 from retrieval.faiss_files import read_index
-from retrieval.manifest import CORPUS_NAME, IndexManifest, now_utc, read_manifest
+from retrieval.index_files import FileWatch, atomic_directory
+from retrieval.manifest import CORPUS_NAME, MANIFEST_NAME, IndexManifest, now_utc, read_manifest
 
 __all__ = ["DenseParams", "DenseRetriever", "IndexType"]
 
@@ -82,12 +83,14 @@ class DenseRetriever:
         encoder: Encoder,
         params: DenseParams,
         manifest: IndexManifest,
+        watch: FileWatch | None = None,
     ) -> None:
         self._documents = tuple(documents)
         self._index = index
         self._encoder = encoder
         self._params = params
         self._manifest = manifest
+        self._watch = watch  # a mapped faiss file: refuse once it changes under us
         if params.index_type == "hnsw":
             # (faiss's type stubs lag its SWIG classes: these exist and take these keywords)
             self._search_params: Any = faiss.SearchParametersHNSW(efSearch=params.hnsw_ef_search)  # type: ignore[attr-defined]
@@ -217,6 +220,8 @@ class DenseRetriever:
         k = check_k(k)
         if not queries:
             return []
+        if self._watch is not None:
+            self._watch.check()
         vectors = self._encoder.encode([self._params.query_prefix + q for q in queries])
         k_index = min(k, self._index.ntotal)
         scores, positions = self._index.search(vectors, k_index, params=self._search_params)
@@ -230,12 +235,21 @@ class DenseRetriever:
         return Hit(doc_id=doc.doc_id, title=doc.title, text=doc.text, score=score)
 
     def save(self, directory: str | Path) -> None:
-        """Write the index to `directory` (created if needed): manifest, corpus, faiss index."""
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        write_corpus(self._documents, directory / CORPUS_NAME)
-        faiss.write_index(self._index, str(directory / _FAISS_NAME))
-        self._manifest.write(directory)  # last: a directory with a manifest is complete
+        """Write the index to `directory`: manifest, corpus, faiss index.
+
+        The files are written to a new directory beside it that then takes its place in one
+        atomic rename: an index already there is replaced whole, or kept whole if the process
+        dies first. A non-empty directory that holds no index is refused, not replaced.
+
+        Raises:
+            IndexFormatError: `directory` exists and holds something else than an index.
+        """
+        # built beside it, then swapped in at once: a kill leaves the old index or the new one
+        with atomic_directory(directory, marker=MANIFEST_NAME) as work:
+            write_corpus(self._documents, work / CORPUS_NAME)
+            faiss.write_index(self._index, str(work / _FAISS_NAME))
+            # last: a directory with a manifest is complete, and its table lists what is there
+            self._manifest = self._manifest.write(work)
         log.info("saved dense index %s to %s", self.index_id, directory)
 
     @classmethod
@@ -285,7 +299,12 @@ class DenseRetriever:
                 f"fingerprint {encoder.fingerprint}; queries and passages must share one encoder"
             )
         return cls(
-            documents=documents, index=index, encoder=encoder, params=params, manifest=manifest
+            documents=documents,
+            index=index,
+            encoder=encoder,
+            params=params,
+            manifest=manifest,
+            watch=FileWatch([path]) if mmap else None,
         )
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 __all__ = [
     "EncoderError",
+    "IndexChangedError",
+    "IndexFileError",
     "IndexFormatError",
     "IndexMismatchError",
     "InvalidRequest",
@@ -31,6 +33,21 @@ class IndexMismatchError(RetrievalError, ValueError):
 
 class IndexFormatError(RetrievalError, ValueError):
     """An index directory or corpus file is missing, malformed or of an unknown version."""
+
+
+class IndexFileError(IndexFormatError):
+    """A file of an index directory is missing, of the wrong size or content, or unexpected.
+
+    `path` names the file; a server answers 409 with it, since retrying cannot help.
+    """
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(f"{path} {problem}")
+        self.path = str(path)
+
+
+class IndexChangedError(IndexFileError):
+    """A file of an open index was replaced or changed under it; reopen the index."""
 
 
 class RequestRejected(RetrievalError, ValueError):

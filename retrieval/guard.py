@@ -6,8 +6,16 @@ connections (past the process's file-descriptor limit every new connection then 
 nothing logged) and, with httptools, no cap on header size. `guarded_protocol` returns uvicorn's
 h11 protocol with those gaps closed:
 
-- past `max_open` open connections, a new one is answered `503` (`Retry-After: 1`) and closed
-  at once, and a line is logged (at most one every 10 s, with the count refused since);
+- past `max_open` open connections, the connection that has waited longest for its request to
+  arrive (headers or body still coming, or idle between requests) is answered `503` and closed
+  to make room, so a flood of slow sockets cannot lock out clients that send their request at
+  once; only when every connection is busy with a request is the new one refused (`503`,
+  `Retry-After: 1`). Both are logged (at most one line every 10 s, with the count since);
+- an answer the client does not read may wait in the server's buffer `write_timeout_s`, and
+  all such answers together may hold `max_unsent_bytes` (past it the longest-stalled
+  connection is cut), so clients that never read cannot pin the server's memory;
+- on shutdown, a connection whose answer is stuck in the buffer is cut at once (the others
+  finish within `shutdown_grace_s`, `serve`);
 - a connection must deliver a request's line and headers within `header_timeout_s` of its first
   byte (of being opened, for a new connection), else it gets `408` and is closed;
 - a request's body must arrive within `body_timeout_s` of its headers, else the connection is
@@ -52,14 +60,29 @@ class ConnectionLimits:
     """seconds for a request's body to arrive after its headers (closed after)"""
     idle_timeout_s: float = 30.0
     """seconds a keep-alive connection may wait for its next request"""
+    write_timeout_s: float = 10.0
+    """seconds an answer may sit unread in the server's buffer before the connection is cut"""
+    max_unsent_bytes: int = 64 << 20
+    """answer bytes that clients not reading may hold in the server, all together; past it
+    the connection stalled longest is cut"""
+    shutdown_grace_s: float = 5.0
+    """seconds in-flight requests get to finish after SIGTERM before the server exits"""
 
     def __post_init__(self) -> None:
-        if self.max_open < 1 or self.max_header_bytes < 1_024:
+        if self.max_open < 1 or self.max_header_bytes < 1_024 or self.max_unsent_bytes < 1:
             raise ValueError(
-                f"--connections.max-open must be >= 1 (got {self.max_open}) and "
-                f"--connections.max-header-bytes >= 1024 (got {self.max_header_bytes})"
+                f"--connections.max-open must be >= 1 (got {self.max_open}), "
+                f"--connections.max-header-bytes >= 1024 (got {self.max_header_bytes}) and "
+                f"--connections.max-unsent-bytes >= 1 (got {self.max_unsent_bytes})"
             )
-        for name in ("header_timeout_s", "body_timeout_s", "idle_timeout_s"):
+        names = (
+            "header_timeout_s",
+            "body_timeout_s",
+            "idle_timeout_s",
+            "write_timeout_s",
+            "shutdown_grace_s",
+        )
+        for name in names:
             value = getattr(self, name)
             if not 0 < value < float("inf"):
                 flag = "--connections." + name.replace("_", "-")
@@ -100,46 +123,121 @@ def _response(status: int, reason: str, detail: str, extra: dict[str, str] | Non
 
 
 class _Refusals:
-    """Counts refused connections and logs them at most once per `_LOG_EVERY_S`."""
+    """Counts refused, evicted or cut connections; logs them at most once per `_LOG_EVERY_S`.
 
-    def __init__(self) -> None:
+    Args:
+        template: the log line, formatted with the count since the last line and `add`'s args.
+    """
+
+    def __init__(self, template: str) -> None:
+        self._template = template
         self.count = 0
         self._logged_at = -_LOG_EVERY_S
         self._unlogged = 0
 
-    def add(self, open_now: int, limit: int) -> None:
+    def add(self, *args: object) -> None:
         self.count += 1
         self._unlogged += 1
         now = time.monotonic()
         if now - self._logged_at >= _LOG_EVERY_S:
-            log.warning(
-                "refused %d connection(s) with 503: %d open, the limit is %d "
-                "(--connections.max-open)",
-                self._unlogged,
-                open_now,
-                limit,
-            )
+            log.warning(self._template, self._unlogged, *args)
             self._logged_at, self._unlogged = now, 0
 
 
 class _GuardedProtocol(H11Protocol):
     limits: ClassVar[ConnectionLimits]
     refusals: ClassVar[_Refusals]
+    evictions: ClassVar[_Refusals]
+    cuts: ClassVar[_Refusals]
+    stalled: ClassVar[dict[_GuardedProtocol, float]]
+    """connections whose answer waits unread in their buffer -> since when (loop time)"""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head = b""  # the bytes of a request's line and headers received so far
         self._timer: asyncio.TimerHandle | None = None
         self._timed_cycle: object = None  # the request whose body the timer waits for
+        self._write_timer: asyncio.TimerHandle | None = None
+        self._waiting_since = 0.0  # when this connection began waiting for its next request
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_open:
+        self._waiting_since = self.loop.time()
+        if len(self.connections) > self.limits.max_open and not self._make_room():
             self.refusals.add(len(self.connections), self.limits.max_open)
             detail = f"the server holds {self.limits.max_open} connections, its limit; retry"
             self._refuse(503, "Service Unavailable", detail, {"retry-after": "1"})
             return
         self._arm(self.limits.header_timeout_s, self._headers_late)
+
+    def _waiting(self) -> bool:
+        """Whether this connection is not being served.
+
+        Its request is still arriving, or it is idle between requests.
+        """
+        return not self.transport.is_closing() and self.conn.their_state in (
+            h11.IDLE,
+            h11.SEND_BODY,
+        )
+
+    def _make_room(self) -> bool:
+        """Close the connection that has waited longest for its request; False if none is."""
+        waiting = [
+            c
+            for c in self.connections
+            if c is not self and isinstance(c, _GuardedProtocol) and c._waiting()
+        ]
+        if not waiting:
+            return False
+        victim = min(waiting, key=lambda c: c._waiting_since)
+        self.evictions.add(len(self.connections), self.limits.max_open)
+        if victim in self.stalled:
+            victim._cut("it was the longest waiting when the server was full")
+            return True
+        detail = "closed to make room for a new connection: this one sent no request in time"
+        victim._refuse(503, "Service Unavailable", detail, {"retry-after": "1"})
+        return True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._waiting_since = self.loop.time()
+
+    def pause_writing(self) -> None:
+        """The answer outgrew the transport's buffer mark: the client is not reading (yet)."""
+        super().pause_writing()
+        self.stalled[self] = self.loop.time()
+        self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_late)
+        total = sum(c.transport.get_write_buffer_size() for c in self.stalled)
+        while total > self.limits.max_unsent_bytes and self.stalled:
+            oldest = min(self.stalled, key=self.stalled.__getitem__)
+            total -= oldest.transport.get_write_buffer_size()
+            oldest._cut(f"unsent answers over {self.limits.max_unsent_bytes} bytes in total")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._unstall()
+
+    def _unstall(self) -> None:
+        self.stalled.pop(self, None)
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_late(self) -> None:
+        self._write_timer = None
+        self._cut(f"its answer sat unread for {self.limits.write_timeout_s} s")
+
+    def _cut(self, why: str) -> None:
+        """Drop the connection and the answer buffered for it (`abort`, not a flushing close)."""
+        self.cuts.add(why)
+        self._unstall()
+        self.transport.abort()
+
+    def shutdown(self) -> None:
+        if self in self.stalled:  # a flushing close would wait on a client that never reads
+            self._cut("the server is shutting down")
+            return
+        super().shutdown()
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
@@ -176,6 +274,7 @@ class _GuardedProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._unstall()
         super().connection_lost(exc)
 
     def _arm(self, delay: float, callback: Any) -> None:
@@ -210,4 +309,16 @@ class _GuardedProtocol(H11Protocol):
 
 def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     """The h11 protocol class of uvicorn with `limits` enforced (`uvicorn.Config(http=...)`)."""
-    return type("GuardedProtocol", (_GuardedProtocol,), {"limits": limits, "refusals": _Refusals()})
+    state = {
+        "limits": limits,
+        "refusals": _Refusals(
+            "refused %d connection(s) with 503: %d open, the limit is %d (--connections.max-open)"
+        ),
+        "evictions": _Refusals(
+            "closed %d slow connection(s) to make room: %d open, the limit is %d "
+            "(--connections.max-open)"
+        ),
+        "cuts": _Refusals("cut %d connection(s) whose client does not read its answer (last: %s)"),
+        "stalled": {},
+    }
+    return type("GuardedProtocol", (_GuardedProtocol,), state)

@@ -19,7 +19,7 @@ from retrieval.errors import IndexFormatError
 from retrieval.manifest import read_manifest
 from retrieval.protocol import PROTOCOLS
 
-__all__ = ["INDEX_CLASSES", "load_index", "make_retriever"]
+__all__ = ["INDEX_CLASSES", "load_index", "make_retriever", "verify_index"]
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,21 @@ def load_index(
     if encoder is not None:
         raise ValueError(f"{directory} is a {manifest.kind} index; it takes no encoder")
     return BM25Retriever.load(directory, mmap=mmap)
+
+
+def verify_index(directory: str | Path) -> None:
+    """Hash every file of an index directory (any kind, compressed too) against its manifest.
+
+    Raises:
+        IndexFormatError: the directory has no valid manifest.
+        IndexFileError: naming the missing, resized, changed or extra file.
+    """
+    from retrieval.compressed import COMPRESSED_NAME, check_compressed_files
+
+    if (Path(directory) / COMPRESSED_NAME).is_file():
+        check_compressed_files(directory, hashes=True)
+    else:
+        read_manifest(directory).check_files(directory, hashes=True)
 
 
 def make_retriever(spec: str | Path, *, cache: bool = True) -> Retriever:

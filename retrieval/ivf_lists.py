@@ -8,28 +8,30 @@ reading 2.7 GB before the first answer (measured: the same anonymous memory with
 `IO_FLAG_MMAP`, `IO_FLAG_MMAP_IFC` or no flag). So a compressed directory stores them apart:
 
 - `index.faiss`: the index with empty lists: centroids, their HNSW graph and the codes'
-  parameters (200 MB at 21M rows), opened with `IO_FLAG_MMAP_IFC`, which maps the centroids
-  and the graph instead of reading them;
+  parameters (200 MB at 21M rows), read into memory (a mapping would kill the process with
+  SIGBUS if the file shrank later);
 - `lists.codes`, `lists.ids`, `lists.sizes.npy`: every list's packed code blocks and its ids,
   end to end, and the row count of each list.
 
-`LazyLists` maps the two files and copies a list into faiss's in-memory lists the first time a
-query probes it (the copy is of the packed blocks, byte for byte: no re-encoding). After the
-first search a background thread copies the rest, so a warm server searches faiss's own lists
-at faiss's own speed, and a cold one reads only what its first queries touch.
+`LazyLists` reads a list with `pread` straight into faiss's in-memory lists the first time a
+query probes it (a read fails with an error if the file shrank after open, where a mapping
+would kill the process with SIGBUS); the copy is of the packed blocks, byte for byte: no
+re-encoding. After the first search a background thread copies the rest, so a warm server
+searches faiss's own lists at faiss's own speed, and a cold one reads only what its first
+queries touch.
 """
 
 from __future__ import annotations
 
 import logging
-import mmap
+import os
 import threading
 from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
 
-from retrieval.errors import IndexFormatError
+from retrieval.errors import IndexChangedError, IndexFileError, IndexFormatError
 
 __all__ = ["LIST_FILES", "LazyLists", "has_split_lists", "split_lists", "splittable"]
 
@@ -97,7 +99,7 @@ def split_lists(index: Any, directory: Path) -> int:
 
 
 class LazyLists:
-    """The lists of an index opened without them, loaded from their mapped files on demand.
+    """The lists of an index opened without them, read from their files on demand.
 
     Args:
         index: the IVF fast-scan index read from `index.faiss` (its lists empty).
@@ -122,34 +124,60 @@ class LazyLists:
         )
         self._code_end = np.cumsum(code_bytes)
         self._id_end = np.cumsum(self.sizes)
-        self._maps: dict[str, mmap.mmap] = {}
-        self._codes = self._map(directory / "lists.codes", int(self._code_end[-1]))
-        self._ids = self._map(directory / "lists.ids", 8 * int(self._id_end[-1])).view("<i8")
+        self._directory = directory
+        self._files: dict[str, int] = {}
+        self._open(directory / "lists.codes", int(self._code_end[-1]))
+        self._open(directory / "lists.ids", 8 * int(self._id_end[-1]))
         self._loaded = np.zeros(len(self.sizes), dtype=bool)
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.complete = threading.Event()
         """set once every list is in memory"""
+        self.failed: IndexFormatError | None = None
+        """why the background loader stopped, if it did"""
+        self._closing = threading.Event()
 
-    def _map(self, path: Path, expected: int) -> np.ndarray:
+    def _open(self, path: Path, expected: int) -> None:
         size = path.stat().st_size
         if size != expected:
-            raise IndexFormatError(f"{path}: {size} bytes, lists.sizes.npy implies {expected}")
-        if size == 0:
-            return np.zeros(0, dtype=np.uint8)
-        with path.open("rb") as handle:
-            mapping = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        # a query's lists lie apart in the file: no read-ahead beyond the pages asked for
-        mapping.madvise(mmap.MADV_RANDOM)
-        self._maps[path.name] = mapping
-        return np.frombuffer(mapping, dtype=np.uint8)
+            raise IndexFileError(path, f"holds {size} bytes, lists.sizes.npy implies {expected}")
+        fd = os.open(path, os.O_RDONLY)
+        # a query's lists lie apart in the file: no read-ahead beyond the bytes asked for
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        self._files[path.name] = fd
+
+    def _read(self, name: str, target: np.ndarray, offset: int) -> None:
+        """`pread` a list file's bytes from `offset` into `target` (a view of faiss's memory).
+
+        A read, unlike a mapping, fails with an error when the file shrank under us (a mapping
+        past its end kills the process with SIGBUS).
+        """
+        view: Any = target.view(np.uint8)  # a writable buffer (numpy's stubs do not say so)
+        got = os.preadv(self._files[name], [view], offset)
+        if got != len(view):
+            raise IndexChangedError(
+                self._directory / name,
+                f"ended at byte {offset + got}, before {offset + len(view)}: it was truncated "
+                "after the index was opened; reopen the index (restart the server)",
+            )
+
+    def close(self) -> None:
+        """Stop the background loader and close the list files.
+
+        The lists already in memory stay searchable.
+        """
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            for fd in self._files.values():
+                os.close(fd)
+            self._files = {}
 
     def _prefetch(self, name: str, start: int, stop: int) -> None:
         """Ask the kernel to read bytes [start, stop) of a list file ahead, in large requests."""
-        mapping = self._maps.get(name)
-        if mapping is not None and stop > start:
-            first = start - start % mmap.PAGESIZE  # madvise wants a page-aligned start
-            mapping.madvise(mmap.MADV_WILLNEED, first, stop - first)
+        if stop > start:
+            os.posix_fadvise(self._files[name], start, stop - start, os.POSIX_FADV_WILLNEED)
 
     def _load(self, i: int) -> None:
         """Copy list `i` into faiss's lists (the caller holds the lock)."""
@@ -160,9 +188,10 @@ class LazyLists:
             code_start = int(self._code_end[i - 1]) if i else 0
             id_start = int(self._id_end[i - 1]) if i else 0
             self._lists.resize(i, n)  # allocates whole blocks
-            codes = self._codes[code_start : int(self._code_end[i])]
-            faiss.rev_swig_ptr(self._lists.get_codes(i), len(codes))[:] = codes
-            faiss.rev_swig_ptr(self._lists.get_ids(i), n)[:] = self._ids[id_start : id_start + n]
+            n_code = int(self._code_end[i]) - code_start
+            codes = faiss.rev_swig_ptr(self._lists.get_codes(i), n_code)  # uint8
+            self._read("lists.codes", codes, code_start)
+            self._read("lists.ids", faiss.rev_swig_ptr(self._lists.get_ids(i), n), 8 * id_start)
         self._loaded[i] = True
 
     def ensure(self, cells: np.ndarray) -> None:
@@ -182,9 +211,18 @@ class LazyLists:
         self._thread.start()
 
     def _load_rest(self) -> None:
+        try:
+            self._load_all()
+        except IndexFormatError as err:  # queries then read their own lists, and fail alike
+            self.failed = err
+            log.error("stopped loading the IVF lists: %s", err)
+
+    def _load_all(self) -> None:
         for start in range(0, len(self.sizes), _BACKGROUND_STEP):
+            if self._closing.is_set():
+                return
             stop = min(start + _BACKGROUND_STEP, len(self.sizes))
-            # whole steps are read in order: MADV_RANDOM's page-at-a-time faults would be slow
+            # whole steps are read ahead in large requests: reads at random would be slow
             first = int(self._code_end[start - 1]) if start else 0
             self._prefetch("lists.codes", first, int(self._code_end[stop - 1]))
             first = int(self._id_end[start - 1]) if start else 0

@@ -5,24 +5,38 @@ Every index directory holds a `manifest.json`:
 ```json
 {"schema_version": 1, "kind": "bm25", "index_id": "bm25-…", "corpus_hash": "…",
  "n_documents": 9572, "encoder": null, "params": {"stemmer": "english", …},
- "created_at": "2025-11-29T14:26:00+00:00"}
+ "created_at": "2025-11-29T14:26:00+00:00",
+ "files": {"corpus.jsonl": {"size": 5012345, "sha256": "…"}, "bm25s/params.index.json": …}}
 ```
 
 `kind` says which class loads the directory (`retrieval.load_index` dispatches on it),
 `corpus_hash` is `retrieval.corpus_hash` of the `corpus.jsonl` beside it, and `index_id` is the
-content hash that every cache key carries.
+content hash that every cache key carries. `files` is the size and SHA-256 of every other file
+in the directory (`retrieval.index_files`); `read_manifest` refuses a directory whose files are
+missing, of another size or not in it. A manifest written before the table existed (no
+`files`) still opens, with a warning that its files are unchecked.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 from retrieval.errors import IndexFormatError, IndexMismatchError
+from retrieval.index_files import (
+    FileEntry,
+    check_sizes,
+    file_table,
+    table_from_json,
+    table_to_json,
+    verify_hashes,
+)
 
 __all__ = [
     "CORPUS_NAME",
@@ -33,6 +47,8 @@ __all__ = [
     "make_index_id",
     "read_manifest",
 ]
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -66,6 +82,10 @@ class IndexManifest:
     created_at: str = ""
     """ISO-8601 UTC time of the build; informative only, never part of `index_id`."""
     schema_version: int = SCHEMA_VERSION
+    files: dict[str, FileEntry] | None = None
+    """size and SHA-256 of every other file of the directory, filled by `write`; None for a
+    manifest written before this table existed (never part of `index_id`: a deterministic
+    build of the same corpus and params writes the same files)"""
 
     @property
     def index_id(self) -> str:
@@ -83,6 +103,7 @@ class IndexManifest:
             "encoder": self.encoder,
             "params": self.params,
             "created_at": self.created_at,
+            **({} if self.files is None else {"files": table_to_json(self.files)}),
         }
 
     @classmethod
@@ -128,6 +149,9 @@ class IndexManifest:
             params=record["params"],
             encoder=encoder,
             created_at=record["created_at"],
+            files=None
+            if "files" not in record
+            else table_from_json(record["files"], source=source),
         )
         if manifest.index_id != record["index_id"]:
             raise IndexMismatchError(
@@ -136,10 +160,33 @@ class IndexManifest:
             )
         return manifest
 
-    def write(self, directory: str | Path) -> None:
-        """Write `manifest.json` into `directory`."""
+    def write(self, directory: str | Path) -> IndexManifest:
+        """Write `manifest.json` into `directory`, last, with the table of the files there.
+
+        Returns:
+            This manifest with its `files` table.
+        """
+        done = dataclasses.replace(self, files=file_table(directory, exclude={MANIFEST_NAME}))
         path = Path(directory) / MANIFEST_NAME
-        path.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n")
+        path.write_text(json.dumps(done.to_json(), indent=2, ensure_ascii=False) + "\n")
+        return done
+
+    def check_files(self, directory: str | Path, *, hashes: bool = False) -> None:
+        """Compare the directory's files with the table: sizes and names, and `hashes` too.
+
+        Raises:
+            IndexFileError: naming the missing, resized, changed or extra file.
+        """
+        if self.files is None:
+            log.warning(
+                "%s was written before index manifests listed their files: its files are not "
+                "checked; rebuild it (`tracerl index build --overwrite`) to get the checks",
+                directory,
+            )
+            return
+        check_sizes(directory, self.files, exclude={MANIFEST_NAME})
+        if hashes:
+            verify_hashes(directory, self.files)
 
     def expect(self, *, kind: str | None = None, corpus_hash: str | None = None) -> None:
         """Check that this manifest is what a caller expects.
@@ -165,10 +212,11 @@ def now_utc() -> str:
 
 
 def read_manifest(directory: str | Path) -> IndexManifest:
-    """Read and validate `directory/manifest.json`.
+    """Read and validate `directory/manifest.json`, and check its files' sizes against it.
 
     Raises:
         IndexFormatError: the directory or manifest is missing or malformed.
+        IndexFileError: a file is missing, of another size, or not in the manifest.
         IndexMismatchError: the stored index_id disagrees with the manifest's fields.
     """
     path = Path(directory) / MANIFEST_NAME
@@ -183,4 +231,6 @@ def read_manifest(directory: str | Path) -> IndexManifest:
         ) from err
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise IndexFormatError(f"{path}: unreadable manifest ({err})") from err
-    return IndexManifest.from_json(record, source=str(path))
+    manifest = IndexManifest.from_json(record, source=str(path))
+    manifest.check_files(directory)
+    return manifest

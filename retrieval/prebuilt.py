@@ -34,8 +34,9 @@ import numpy as np
 
 from retrieval.base import Document, Hit, check_k, check_queries
 from retrieval.encoder import model_signature, resolve_model_dir
-from retrieval.errors import EncoderError, IndexFormatError, IndexMismatchError
+from retrieval.errors import EncoderError, IndexFileError, IndexFormatError, IndexMismatchError
 from retrieval.faiss_files import file_fingerprint, read_index
+from retrieval.index_files import FileWatch
 from retrieval.manifest import IndexManifest
 
 __all__ = [
@@ -363,6 +364,15 @@ class PrebuiltRetriever:
             )
         self._encoder = encoder
         self.query_prefix = query_prefix
+        # mapped or read files: refuse once one changes under us (a compressed index watches
+        # its own); the offsets may be kept in memory only, when they could not be written
+        watched = [
+            self.corpus.path,
+            self.index_path if isinstance(index_path, (str, Path)) else None,
+        ]
+        if self.corpus.offsets_path.is_file():
+            watched.append(self.corpus.offsets_path)
+        self._watch = FileWatch([p for p in watched if p is not None])
         self._manifest = IndexManifest(
             kind="prebuilt",
             corpus_hash=file_fingerprint(self.corpus.path),
@@ -406,8 +416,15 @@ class PrebuiltRetriever:
         k = check_k(k)
         if not queries:
             return []
+        self._watch.check()
         vectors = self._encoder.encode([self.query_prefix + q for q in queries])  # (Q, dim)
         scores, rows = self._index.search(vectors, min(k, self._index.ntotal))  # (Q, k) each
+        if rows.size and int(rows.max()) >= len(self.corpus):
+            raise IndexFileError(
+                self.index_path,
+                f"answered row {int(rows.max())}, past the corpus's {len(self.corpus)} lines: "
+                "the index is damaged; check it with `tracerl index verify` and rebuild",
+            )
         return [
             [self._hit(int(i), float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
             for row_s, row_i in zip(scores, rows, strict=True)

@@ -32,6 +32,7 @@ from retrieval.base import Hit, parse_contents
 from retrieval.errors import InvalidRequest, RetrievalError
 
 __all__ = [
+    "INDEX_ID_HEADER",
     "PROTOCOLS",
     "Encoding",
     "Protocol",
@@ -45,6 +46,9 @@ __all__ = [
     "render_result",
     "request_encoding",
 ]
+
+INDEX_ID_HEADER = "x-index-id"
+"""The response header in which a trace-rl server names the index that answered."""
 
 Encoding = Literal["json", "msgpack"]
 Protocol = Literal["search-r1", "skyrl-gym", "gem"]
@@ -72,14 +76,32 @@ class ServerLimits:
     """characters in one query (422 above)"""
     max_topk: int = 100
     """the largest topk (422 above)"""
+    max_hits_per_request: int = 4_096
+    """queries x topk in one request (413 above): what one request may make the server find,
+    render and hold; 512 queries at topk 8, and a 12 KB body can no longer buy a 12 MB answer"""
+    max_answer_bytes: int = 8 << 20
+    """bytes of one answer (413 instead, after the search: long documents)"""
     default_topk: int = 3
     """topk when a request sends none or null (Search-R1's launch default)"""
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_queries_per_request", "max_query_chars", "max_topk"):
+        names = (
+            "max_body_bytes",
+            "max_queries_per_request",
+            "max_query_chars",
+            "max_topk",
+            "max_hits_per_request",
+            "max_answer_bytes",
+        )
+        for name in names:
             if getattr(self, name) < 1:  # 0 would refuse every request
                 flag = "--limits." + name.replace("_", "-")
                 raise ValueError(f"{flag} must be >= 1, got {getattr(self, name)}")
+        if self.max_hits_per_request < self.max_topk:
+            raise ValueError(
+                f"--limits.max-hits-per-request {self.max_hits_per_request} is below "
+                f"--limits.max-topk {self.max_topk}: one query at the largest topk would be refused"
+            )
         if not 1 <= self.default_topk <= self.max_topk:
             raise ValueError(
                 f"--limits.default-topk {self.default_topk} must be between 1 and "
@@ -128,7 +150,8 @@ def parse_request(
         content_type: the request's Content-Type header, if any.
 
     Raises:
-        InvalidRequest: with status 413 for a body over `max_body_bytes`, else 422: not UTF-8,
+        InvalidRequest: with status 413 for a body over `max_body_bytes` or queries x topk over
+            `max_hits_per_request`, else 422: not UTF-8,
             not JSON (or nested too deeply, or holding an integer too long to parse) or
             msgpack, not an object, wrong field types, no queries or both `queries` and
             `query`, an empty or blank query, an unpaired surrogate, or a count, length or topk
@@ -190,6 +213,12 @@ def _validate(payload: Any, limits: ServerLimits, encoding: Encoding) -> Retriev
         raise InvalidRequest(422, f'"topk" is {_json_type(topk)}, expected an integer or null')
     if not 1 <= topk <= limits.max_topk:
         raise InvalidRequest(422, f'"topk" is {topk}; it must be between 1 and {limits.max_topk}')
+    if len(queries) * topk > limits.max_hits_per_request:
+        raise InvalidRequest(
+            413,
+            f"{len(queries)} queries x topk {topk} = {len(queries) * topk} hits exceeds the "
+            f"limit of {limits.max_hits_per_request} per request (split the batch)",
+        )
     return_scores = payload.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise InvalidRequest(

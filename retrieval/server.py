@@ -15,7 +15,10 @@ Every bad request, in any variant, gets a 4xx with a JSON `{"detail": "<what is 
 limit>"}` and never a 500: 413 for a body over `max_body_bytes`, 422 for a body that is not
 UTF-8 JSON or msgpack, for wrong field types, for an empty query list or an empty query, for
 too many queries, a query over `max_query_chars` or a `topk` over `max_topk`. 503 (with
-`Retry-After`) means the queue is full. The server binds 127.0.0.1 unless told otherwise.
+`Retry-After`) means the queue is full. 409 means the index itself cannot answer: a file of it
+was changed under the server, or holds a row id past the corpus (`retrieval.index_files`); it
+is logged in one line, and only a restart on a sound index clears it. The server binds
+127.0.0.1 unless told otherwise.
 
 `serve` guards the connections themselves (`retrieval.guard`): a cap on open connections (503
 past it, logged), deadlines for a request's headers and body and for an idle keep-alive
@@ -24,6 +27,7 @@ connection, and a cap on header size (431).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -37,10 +41,10 @@ from starlette.requests import ClientDisconnect
 
 from retrieval.base import Retriever
 from retrieval.batching import BatchingConfig, MicroBatcher, ServerBusy
-from retrieval.errors import InvalidRequest
+from retrieval.errors import IndexFileError, InvalidRequest
 from retrieval.guard import ConnectionLimits, check_descriptor_room, guarded_protocol
 from retrieval.manifest import IndexManifest
-from retrieval.protocol import ServerLimits, parse_request, render_response
+from retrieval.protocol import INDEX_ID_HEADER, ServerLimits, parse_request, render_response
 
 __all__ = ["create_app", "serve"]
 
@@ -116,8 +120,20 @@ def create_app(
             rows = await batcher.search(req.queries, req.topk)
         except ServerBusy as err:
             raise HTTPException(503, str(err), headers={"Retry-After": "1"}) from None
-        content, media_type = render_response(rows, req)
-        return Response(content=content, media_type=media_type)
+        except IndexFileError as err:  # the batcher logged it; a retry cannot help
+            raise HTTPException(409, f"the index cannot answer: {err}") from None
+        # off the event loop: a large answer takes a while to render, and other connections
+        # must be served meanwhile
+        content, media_type = await asyncio.to_thread(render_response, rows, req)
+        if len(content) > limits.max_answer_bytes:
+            raise HTTPException(
+                413,
+                f"the answer holds {len(content)} bytes, over the limit of "
+                f"{limits.max_answer_bytes}; ask for fewer queries or a smaller topk",
+            )
+        # every answer names its index: a client notices a restart with another index
+        headers = {INDEX_ID_HEADER: retriever.index_id}
+        return Response(content=content, media_type=media_type, headers=headers)
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -191,6 +207,9 @@ def serve(
         timeout_keep_alive=connections.idle_timeout_s,  # type: ignore[arg-type]
         # the guard answers 431 first; h11's own cap (a 400) only backs it up
         h11_max_incomplete_event_size=connections.max_header_bytes + 1_024,
+        # after SIGTERM: stop accepting, let requests in flight finish this long, then exit
+        # even if clients keep their connections open (uvicorn would wait for them forever)
+        timeout_graceful_shutdown=connections.shutdown_grace_s,  # type: ignore[arg-type]
     )
     server = _AnnouncingServer(config, lambda: on_ready(url) if on_ready else None)
     if host not in ("127.0.0.1", "localhost", "::1"):

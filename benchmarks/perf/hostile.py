@@ -13,11 +13,17 @@
 Each connection gets its own thread; `close()` (or leaving the `with` block) stops them all.
 `idle_sockets(url, n)` opens `n` connections that never send a byte, and `send_header_line`
 sends one request whose header line is as long as asked, streamed, and reads the status.
+
+Clients that starve a server (issue 32): `non_readers(url, body, n)` sends one request on each
+of `n` connections and never reads the answer; `Slowloris(url, n)` keeps `n` sockets sending
+header bytes one at a time, reconnecting whenever the server closes one; `NormalClients(url)`
+are well-behaved clients whose latencies and failures are recorded.
 """
 
 from __future__ import annotations
 
 import json
+import select
 import socket
 import threading
 import time
@@ -26,7 +32,19 @@ from contextlib import contextmanager, suppress
 from typing import Literal, get_args
 from urllib.parse import urlsplit
 
-__all__ = ["MODES", "HostileServer", "Mode", "idle_sockets", "send_header_line"]
+import httpx
+
+__all__ = [
+    "MODES",
+    "HostileServer",
+    "Mode",
+    "NormalClients",
+    "Slowloris",
+    "idle_sockets",
+    "non_readers",
+    "post_request",
+    "send_header_line",
+]
 
 Mode = Literal[
     "hung",
@@ -210,3 +228,148 @@ def send_header_line(url: str, n_bytes: int, *, timeout_s: float = 30.0) -> int 
             return None
     parts = first.split(b" ")
     return int(parts[1]) if first.startswith(b"HTTP/") and len(parts) > 1 else None
+
+
+def post_request(url: str, body: bytes) -> bytes:
+    """The raw bytes of `POST /retrieve` with a JSON `body`."""
+    host, port = _address(url)
+    head = (
+        f"POST /retrieve HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+@contextmanager
+def non_readers(url: str, body: bytes, n: int) -> Iterator[list[socket.socket]]:
+    """`n` connections that each send one `POST /retrieve` and never read the answer.
+
+    Each has a 4 KiB receive buffer, so the answer stays in the server's buffers.
+    """
+    sockets: list[socket.socket] = []
+    request = post_request(url, body)
+    try:
+        for _ in range(n):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4_096)
+            sock.settimeout(10)
+            sock.connect(_address(url))
+            sock.sendall(request)
+            sockets.append(sock)
+        yield sockets
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+class Slowloris:
+    """`n` sockets that send request-header bytes one at a time, every `interval_s`, forever.
+
+    Whenever the server answers or closes one, it is replaced at once by a new connection, so
+    the attacker always holds `n` (past the server's cap, its new connections keep knocking).
+    Runs in one thread from `start()` to `stop()` (or the `with` block).
+    """
+
+    def __init__(self, url: str, n: int, *, interval_s: float = 1.0) -> None:
+        self._address = _address(url)
+        self.n = n
+        self.interval_s = interval_s
+        self.reconnects = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="slowloris", daemon=True)
+
+    def __enter__(self) -> Slowloris:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+
+    def _connect(self) -> socket.socket | None:
+        try:
+            sock = socket.create_connection(self._address, timeout=2)
+        except OSError:
+            return None
+        sock.setblocking(False)
+        with suppress(OSError):
+            sock.send(b"GET /health HTTP/1.1\r\nhost: x\r\n")
+        return sock
+
+    def _run(self) -> None:
+        sockets: list[socket.socket] = []
+        while not self._stop.is_set():
+            while len(sockets) < self.n and not self._stop.is_set():
+                sock = self._connect()
+                if sock is not None:
+                    sockets.append(sock)
+            readable, _, _ = select.select(sockets, [], [], 0)
+            dropped = set(readable)  # an answer (503, 408) or EOF: the server let go
+            for sock in sockets:
+                if sock in dropped:
+                    continue
+                try:
+                    sock.send(b"a")
+                except OSError:
+                    dropped.add(sock)
+            for sock in dropped:
+                sock.close()
+            self.reconnects += len(dropped)
+            sockets = [s for s in sockets if s not in dropped]
+            self._stop.wait(self.interval_s if not dropped else 0.0)
+        for sock in sockets:
+            sock.close()
+
+
+class NormalClients:
+    """Well-behaved clients: each sends a small request every `period_s`, one at a time.
+
+    Half open a new connection per request, half keep one alive. `results` holds one
+    `(ok, seconds)` per request (ok: a 200 within `timeout_s`).
+    """
+
+    def __init__(
+        self, url: str, *, n: int = 4, period_s: float = 0.05, timeout_s: float = 15.0
+    ) -> None:
+        self._url = url
+        self._period_s = period_s
+        self._timeout_s = timeout_s
+        self.results: list[tuple[bool, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._run, args=(i, i % 2 == 0), daemon=True) for i in range(n)
+        ]
+
+    def __enter__(self) -> NormalClients:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=self._timeout_s + 5)
+
+    def _run(self, i: int, keep_alive: bool) -> None:
+        body = {"queries": [f"city {i} capital of land {j}" for j in range(1)], "topk": 3}
+        client = httpx.Client(timeout=self._timeout_s) if keep_alive else None
+        try:
+            while not self._stop.is_set():
+                start = time.perf_counter()
+                try:
+                    if client is not None:
+                        answer = client.post(self._url + "/retrieve", json=body)
+                    else:
+                        answer = httpx.post(
+                            self._url + "/retrieve", json=body, timeout=self._timeout_s
+                        )
+                    ok = answer.status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                with self._lock:
+                    self.results.append((ok, time.perf_counter() - start))
+                self._stop.wait(self._period_s)
+        finally:
+            if client is not None:
+                client.close()

@@ -25,8 +25,21 @@ Four measurements, each against the real code paths:
   `idle_connections_refused_cleanly`, `header_500mb_status`, `cli_bad_inputs_with_traceback`,
   `snapshot_mutations_untyped_errors`, ...) are the issue's figures.
 
+- **integrity and starvation** (issue 32; `--integrity`, on by default): a compressed and a
+  BM25 index opened with each file missing, short, or an extra one; 20 `kill -9` at random
+  moments of `tracerl index compress --overwrite`; files truncated, overwritten or replaced
+  under a process searching the index (each in a child process, so a SIGBUS shows); 64
+  clients that never read their answers, then SIGTERM with them connected; 3 clients looping
+  maximal requests beside normal clients; 600 reconnecting slowloris sockets beside normal
+  clients; forged bit-generator states restored and drawn from; one 128 KB action parsed.
+  Keys: `missing_or_short_file_opens`, `kill_during_overwrite_mixed_dirs`,
+  `kill_during_overwrite_wrong_answers`, `truncate_after_open_crashes`,
+  `unread_clients_rss_growth_mb`, `sigterm_exit_s`, `p50_ms_normal_under_heavy` (with
+  `p50_ms_normal_alone`), `normal_success_under_slowloris`, `forged_rng_state_crashes`,
+  `parser_s_128kb`.
+
 Run: `python -m benchmarks.perf.reliability --json` (`--quick`: one hung step, no properties,
-500 snapshot mutations and no other attack).
+500 snapshot mutations and no other attack; `--only-integrity`: the issue-32 group alone).
 """
 
 from __future__ import annotations
@@ -70,6 +83,12 @@ class Args:
     """run the hostile servers and clients (about 2 minutes)"""
     n_snapshots: int = 20_000
     """mutated snapshots to restore"""
+    integrity: bool = True
+    """run the index-file and starvation attacks (issue 32; about 4 minutes)"""
+    only_integrity: bool = False
+    """run only those (no bad bodies, hung server, other attacks or properties)"""
+    n_kills: int = 20
+    """kill -9 during `tracerl index compress --overwrite`"""
     quick: bool = False
     """a smoke test: one hung step, no property run, 500 snapshots, no other attack"""
     json: bool = False
@@ -78,7 +97,14 @@ class Args:
     def __post_init__(self) -> None:
         if self.quick:
             self.n_steps, self.properties = 1, False
-            self.attacks, self.n_snapshots = False, 500
+            self.attacks, self.n_snapshots, self.integrity = False, 500, False
+
+
+def _docs() -> list[Document]:
+    return [
+        Document(doc_id=f"d{i}", title=f"City {i}", text=f"City {i} is a capital of land {i}.")
+        for i in range(200)
+    ]
 
 
 def _body(payload: Any) -> bytes:
@@ -258,15 +284,57 @@ def run_attacks(args: Args, index_dir: Path) -> dict[str, Any]:
     return {**out, "figures": figures}
 
 
-def main(args: Args) -> dict[str, Any]:
-    """Run the four measurements."""
-    docs = [
-        Document(doc_id=f"d{i}", title=f"City {i}", text=f"City {i} is a capital of land {i}.")
-        for i in range(200)
+def integrity(args: Args, work: Path, bm25_dir: Path) -> dict[str, Any]:
+    """The issue-32 attacks; `figures` holds the headline keys of the last line."""
+    steps: list[tuple[str, Any]] = [
+        ("index_files", lambda: attacks.index_file_opens(work / "opens", bm25_dir)),
+        ("kills", lambda: attacks.kill_during_overwrite(work / "kills", args.n_kills)),
+        ("changed", lambda: attacks.files_changed_after_open(work / "changed")),
+        ("starvation", lambda: attacks.starvation(work / "starve")),
+        ("forged_rng", attacks.forged_rng_states),
     ]
+    out: dict[str, Any] = {}
+    for sub in ("opens", "kills", "changed", "starve"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    for name, run in steps:
+        out[name] = run()
+        print(f"{name}: {json.dumps(out[name])[:400]}", file=sys.stderr)
+    starve = out["starvation"]
+    figures = {
+        "missing_or_short_file_opens": len(out["index_files"]["opened"]),
+        "index_file_cases": out["index_files"]["n_cases"],
+        "kill_during_overwrite_mixed_dirs": out["kills"]["mixed_dirs"],
+        "kill_during_overwrite_wrong_answers": out["kills"]["wrong_answers"],
+        "kill_during_overwrite_n": out["kills"]["n_kills"],
+        "truncate_after_open_crashes": out["changed"]["crashes"],
+        "changed_files_silent_wrong_answers": out["changed"]["silent_wrong_answers"],
+        "unread_clients_rss_growth_mb": starve["unread"]["peak_growth_mb"],
+        "sigterm_exit_s": starve["sigterm_exit_s"],
+        "p50_ms_normal_alone": starve["heavy"]["p50_ms_alone"],
+        "p50_ms_normal_under_heavy": starve["heavy"]["p50_ms_beside_heavy"],
+        "normal_success_under_slowloris": starve["slowloris"]["share_ok"],
+        "forged_rng_state_crashes": out["forged_rng"]["crashes"],
+        "parser_s_128kb": attacks.parser_seconds(),
+    }
+    return {**out, "figures": figures}
+
+
+def main(args: Args) -> dict[str, Any]:
+    """Run the measurements."""
+    if args.only_integrity:
+        with tempfile.TemporaryDirectory() as tmp:
+            bm25_dir = Path(tmp) / "bm25"
+            BM25Retriever.build(_docs()).save(bm25_dir)
+            found = integrity(args, Path(tmp), bm25_dir)
+        return {
+            **found.pop("figures"),
+            "integrity": found,
+            "args": {k: str(v) for k, v in asdict(args).items()},
+            "meta": run_meta(),
+        }
     with tempfile.TemporaryDirectory() as tmp:
         index_dir = Path(tmp) / "bm25"
-        BM25Retriever.build(docs).save(index_dir)
+        BM25Retriever.build(_docs()).save(index_dir)
         proc, url = start_server(index_dir)
         try:
             bodies = bad_bodies(url)
@@ -277,6 +345,10 @@ def main(args: Args) -> dict[str, Any]:
         hung = hung_server(args.n_steps)
         print(f"hung server: worst step {hung['worst_step_s']:.2f} s", file=sys.stderr)
         attack_results = run_attacks(args, index_dir)
+        if args.integrity:
+            found = integrity(args, Path(tmp), index_dir)
+            attack_results["figures"] |= found.pop("figures")
+            attack_results["integrity"] = found
     props = properties(args.profile) if args.properties else None
     return {
         **attack_results.pop("figures"),
@@ -291,6 +363,10 @@ def main(args: Args) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     """The figures, human-readable, on stderr."""
+    if "bad_bodies" not in result:  # --only-integrity: its figures only
+        for key in sorted(k for k, v in result.items() if not isinstance(v, dict)):
+            print(f"{key}: {result[key]}", file=sys.stderr)
+        return
     for name, status in result["bad_bodies"]["statuses"].items():
         print(f"{status}  {name}", file=sys.stderr)
     hung = result["hung_server"]

@@ -318,6 +318,11 @@ class AgentArgs:
     prompt_template: str | None = None
     """The prompt, with a literal `{question}`; unset: Search-R1's instruction prompt."""
 
+    def __post_init__(self) -> None:
+        # checked at parse time: a bad value must fail before any episode, not mid-run
+        if not 0.0 <= self.epsilon <= 1.0:  # NaN fails both comparisons
+            raise ValueError(f"--epsilon {self.epsilon}: must be in [0, 1]")
+
 
 @dataclass(frozen=True, kw_only=True)
 class BenchConfig(AgentArgs, DataArgs):
@@ -358,6 +363,10 @@ class BenchConfig(AgentArgs, DataArgs):
     resume: bool = False
     """Continue the run in --out: keep its finished episodes (trajectories.jsonl) and play only
     the rest; the report is the one an uninterrupted run writes."""
+
+    def __post_init__(self) -> None:
+        AgentArgs.__post_init__(self)
+        DataArgs.__post_init__(self)
 
     @property
     def env_max_turns(self) -> int:

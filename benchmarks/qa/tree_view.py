@@ -16,9 +16,13 @@ from typing import Any
 import numpy as np
 import tyro
 
+from retrieval.corpus import check_regular_file
+from retrieval.errors import IndexFormatError
 from trace_alloc import RolloutTree, TreeFormatError
 
 __all__ = ["Show", "load_trees", "render_text", "save_picture", "tree"]
+
+_MAX_TREE_BYTES = 4 << 30  # read whole: a training run's tree files are far smaller
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +45,13 @@ def load_trees(path: Path) -> list[RolloutTree]:
     """Read trees from a JSON object, a JSON list, or JSON Lines.
 
     Raises:
-        TreeFormatError: unreadable JSON or an invalid tree (the message names the line).
-        FileNotFoundError: no such file.
+        TreeFormatError: no such file, not a regular file (a FIFO would block forever), over
+            4 GiB, unreadable JSON or an invalid tree (the message names the line).
     """
+    try:  # a FIFO would block the read forever, a device never end
+        check_regular_file(path, what="tree file", max_bytes=_MAX_TREE_BYTES)
+    except IndexFormatError as err:
+        raise TreeFormatError(str(err)) from None
     text = path.read_text(encoding="utf-8")
     stripped = text.lstrip()
     if stripped.startswith("["):

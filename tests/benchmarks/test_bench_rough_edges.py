@@ -105,3 +105,14 @@ def test_the_readme_env_example_searches_for_its_own_question() -> None:
     subject = first_query.rsplit(" ", 1)[0]  # "<name> father"
     assert subject in question
     assert namespace["obs"].count(subject) >= 1
+
+
+def test_a_bad_epsilon_is_refused_at_parse_time_without_suggesting_resume():
+    from benchmarks.qa.cli import BenchConfig
+
+    for bad in (2.0, -0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"--epsilon .*must be in \[0, 1\]") as caught:
+            BenchConfig(epsilon=bad)
+        assert "--resume" not in str(caught.value)
+    with pytest.raises(ValueError, match="--limit 0"):  # the data arguments' own check still runs
+        BenchConfig(limit=0)

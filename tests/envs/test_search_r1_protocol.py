@@ -16,13 +16,16 @@ The expected transcripts are written by hand from Search-R1's format rules (its 
 from __future__ import annotations
 
 import json
+import random
+import re
+import time
 from pathlib import Path
 
 import pytest
 
 from envs import QATask, SearchQAEnv, TaskSet
 from envs.errors import EnvConfigError
-from envs.protocol import parse_action_search_r1
+from envs.protocol import MAX_ACTION_CHARS, parse_action, parse_action_search_r1
 from retrieval import BM25Retriever, read_corpus
 
 PROMPT = (
@@ -122,3 +125,51 @@ def test_the_default_protocol_is_unchanged_and_unknown_ones_are_refused(env: Sea
     assert observation.startswith("\n<information>Doc 1(Title: Acme Ltd) ")
     with pytest.raises(EnvConfigError, match="protocol"):
         SearchQAEnv(env.tasks, env.retriever, protocol="search_r1")  # type: ignore[arg-type]
+
+
+_SEARCH_R1_PAIR = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+def _search_r1_reference(text: str) -> tuple[str, str] | None:
+    """Search-R1's own rule: cut at the first closer, then its regex's leftmost pair."""
+    end = len(text)
+    for closer in ("</search>", "</answer>"):
+        if (at := text.find(closer)) != -1:
+            end = at + len(closer)
+            break
+    match = _SEARCH_R1_PAIR.search(text, 0, end)
+    return None if match is None else (match.group(1), match.group(2).strip())
+
+
+def test_the_linear_parser_picks_the_pair_search_r1_s_regex_picks() -> None:
+    rng = random.Random(7)
+    pieces = ["<search>", "</search>", "<answer>", "</answer>", "a", " q ", "<", ">", "\n"]
+    for _ in range(3_000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        parsed = parse_action_search_r1(text)
+        want = _search_r1_reference(text)
+        got = None if parsed.kind == "invalid" else (parsed.kind, parsed.content)
+        assert got == want, text
+
+
+def test_parsing_time_grows_linearly_with_the_action() -> None:
+    # many openers and no closer: Search-R1's regex rescans from every opener (quadratic)
+    def seconds(n_chars: int) -> float:
+        text = "<search>" * (n_chars // 8)
+        start = time.process_time()
+        parse_action_search_r1(text)
+        parse_action_search_r1(text + "</answer>")
+        return time.process_time() - start
+
+    seconds(1_000)  # warm
+    small, large = seconds(16_384), seconds(131_072)
+    # 8x the text: a linear parser takes ~8x (a quadratic one ~64x); the floor keeps timer
+    # granularity on a busy box from deciding, and a 128 KB action stays far under 0.05 s
+    assert large <= 0.05 and large <= 16 * max(small, 1e-3)
+
+
+def test_an_action_over_the_cap_is_invalid_before_parsing() -> None:
+    text = "<answer>x</answer>" + " " * MAX_ACTION_CHARS
+    for parse in (parse_action, parse_action_search_r1):
+        parsed = parse(text)
+        assert parsed.kind == "invalid" and f"at most {MAX_ACTION_CHARS}" in parsed.reason

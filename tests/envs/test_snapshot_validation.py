@@ -294,3 +294,48 @@ def test_a_snapshot_of_the_other_protocol_is_refused():
     record = _record()
     del record["protocol"]  # written before the field existed: trace-rl
     _env().restore(snapshot_from_json(record))
+
+
+def _mt19937_state(**changes) -> dict:
+    state = {"bit_generator": "MT19937", "state": {"key": [5] * 624, "pos": 624}}
+    state["state"].update(changes)
+    return state
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        _mt19937_state(pos=10**8),  # accepted by numpy; the next draw reads past the key
+        _mt19937_state(pos=-1),
+        _mt19937_state(key=[5] * 623),
+        _mt19937_state(key=[5] * 623 + [1 << 32]),
+        _mt19937_state(key=[5] * 623 + [True]),
+        {**_mt19937_state(), "extra": 1},
+        {"bit_generator": "PCG64", "state": {"state": -1, "inc": 1}},
+        {"bit_generator": "Philox", "state": {"counter": [0] * 4, "key": [0, 0]}},
+        {"bit_generator": "Random", "state": {}},
+    ],
+    ids=lambda s: json.dumps(s)[:60],
+)
+def test_a_forged_rng_state_is_refused_before_any_draw(state: dict) -> None:
+    env = _played(1)
+    before = env.snapshot()
+    forged = dataclasses.replace(before, rng_state=json.dumps(state))
+    with pytest.raises(SnapshotError, match="rng_state"):
+        env.restore(forged)
+    assert env.snapshot() == before
+    env.reset()  # the env's own generator still draws
+
+
+@pytest.mark.parametrize("name", ["MT19937", "Philox", "SFC64", "PCG64DXSM"])
+def test_every_bit_generator_snapshots_and_restores(name: str) -> None:
+    import numpy as np
+
+    env = _played(1)
+    env.np_random = np.random.Generator(getattr(np.random, name)(11))
+    snap = env.snapshot()  # MT19937's state holds numpy arrays: it used to raise TypeError
+    other = _env()
+    other.restore(snapshot_from_json(json.loads(json.dumps(snap.to_json()))))
+    assert other.np_random.integers(1 << 30, size=4).tolist() == (
+        env.np_random.integers(1 << 30, size=4).tolist()
+    )

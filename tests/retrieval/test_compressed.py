@@ -20,17 +20,26 @@ faiss = pytest.importorskip("faiss")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
+from retrieval.cli import index as index_command  # noqa: E402
 from retrieval.compressed import (  # noqa: E402
+    COMPRESSED_NAME,
     SEARCH_LAWS,
     CompressConfig,
     CompressedIndex,
     SearchDefaults,
+    check_compressed_files,
     compress_flat_index,
     fitted_search,
     rerank,
 )
-from retrieval.errors import IndexFormatError, IndexMismatchError  # noqa: E402
+from retrieval.errors import (  # noqa: E402
+    IndexChangedError,
+    IndexFileError,
+    IndexFormatError,
+    IndexMismatchError,
+)
 from retrieval.faiss_files import FlatVectors  # noqa: E402
+from retrieval.index_files import file_table, table_to_json  # noqa: E402
 from retrieval.index_stats import exact_top_k, index_stats  # noqa: E402
 from retrieval.peers import (  # noqa: E402
     gem_documents,
@@ -401,5 +410,156 @@ def test_a_list_file_of_the_wrong_size_is_refused(tmp_path: Path) -> None:
     compress_flat_index(flat_path, tmp_path / "idx", CompressConfig(preset="rabitqfs", nlist=4))
     codes = tmp_path / "idx" / "lists.codes"
     codes.write_bytes(codes.read_bytes()[:-1])
-    with pytest.raises(IndexFormatError, match=r"lists\.sizes\.npy implies"):
+    with pytest.raises(IndexFormatError, match=r"lists\.codes holds \d+ bytes"):
         CompressedIndex(tmp_path / "idx")
+
+
+def _split_index(tmp_path: Path, name: str = "idx", seed: int = 0) -> tuple[Path, np.ndarray]:
+    """A small fast-scan index whose lists are kept beside index.faiss (k_factor 0)."""
+    flat_path, q = _fast_scan_flat(tmp_path, 1_000, 64)
+    config = CompressConfig(
+        preset="rabitqfs", nlist=4, seed=seed, search=SearchDefaults(nprobe=2, k_factor=0)
+    )
+    compress_flat_index(flat_path, tmp_path / name, config)
+    return tmp_path / name, q
+
+
+def _retable(directory: Path) -> None:
+    """Record the directory's current files in compressed.json, as a build would have."""
+    record = json.loads((directory / COMPRESSED_NAME).read_text())
+    record["files"] = table_to_json(file_table(directory, exclude={COMPRESSED_NAME}))
+    (directory / COMPRESSED_NAME).write_text(json.dumps(record))
+
+
+@pytest.mark.parametrize("name", ["lists.codes", "lists.ids", "lists.sizes.npy"])
+def test_a_missing_list_file_is_refused_not_answered_empty(tmp_path: Path, name: str) -> None:
+    directory, _ = _split_index(tmp_path)
+    (directory / name).unlink()
+    with pytest.raises(IndexFileError, match=rf"{name} is missing") as caught:
+        CompressedIndex(directory)
+    assert caught.value.path == str(directory / name)
+    # a directory written before the file table: refused by its own "lists": "split" record
+    record = json.loads((directory / COMPRESSED_NAME).read_text())
+    del record["files"]
+    (directory / COMPRESSED_NAME).write_text(json.dumps(record))
+    with pytest.raises(IndexFileError, match=r"lists\.\S+ is missing"):
+        CompressedIndex(directory)
+
+
+def test_an_extra_or_short_file_is_refused(tmp_path: Path) -> None:
+    directory, _ = _split_index(tmp_path)
+    (directory / "lists.codes.old").write_bytes(b"x")
+    with pytest.raises(IndexFileError, match=r"lists\.codes\.old is not in the manifest"):
+        CompressedIndex(directory)
+    (directory / "lists.codes.old").unlink()
+    ids = directory / "lists.ids"
+    ids.write_bytes(ids.read_bytes()[:-8])
+    with pytest.raises(IndexFileError, match=r"lists\.ids holds \d+ bytes, the manifest says"):
+        CompressedIndex(directory)
+
+
+def test_the_index_id_tells_two_builds_of_one_configuration_apart(tmp_path: Path) -> None:
+    directory, _ = _split_index(tmp_path)
+    before = CompressedIndex(directory).describe()
+    codes = directory / "lists.codes"
+    data = bytearray(codes.read_bytes())
+    data[0] ^= 0xFF  # another build's content, of the same size, with its own table
+    codes.write_bytes(bytes(data))
+    _retable(directory)
+    after = CompressedIndex(directory).describe()
+    assert before["compressed"]["files"] != after["compressed"]["files"]
+    del before["compressed"]["files"], after["compressed"]["files"]
+    assert before == after  # the table is what tells them apart, so the served id differs
+
+
+def test_verify_names_a_file_changed_in_place(tmp_path: Path) -> None:
+    directory, _ = _split_index(tmp_path)
+    check_compressed_files(directory, hashes=True)
+    codes = directory / "lists.codes"
+    data = bytearray(codes.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit: the size check cannot see it
+    codes.write_bytes(bytes(data))
+    CompressedIndex(directory)  # opening checks sizes only
+    with pytest.raises(IndexFileError, match=r"lists\.codes has SHA-256 .* changed after"):
+        check_compressed_files(directory, hashes=True)
+    with pytest.raises(SystemExit, match=r"^tracerl index: .*lists\.codes has SHA-256"):
+        index_command(["verify", str(directory)])
+
+
+def test_files_changed_under_an_open_index_are_refused_not_a_crash(tmp_path: Path) -> None:
+    directory, q = _split_index(tmp_path)
+    other, _ = _split_index(tmp_path, "other", seed=1)
+    index = CompressedIndex(directory)
+    codes = directory / "lists.codes"
+    codes.write_bytes(codes.read_bytes()[: codes.stat().st_size // 2])  # before any list is read
+    with pytest.raises(IndexChangedError, match=r"lists\.codes was replaced or changed"):
+        index.search(q, 5)
+    # a list read past the new end fails as an error (a mapping would die of SIGBUS)
+    lists = index.lists
+    assert lists is not None
+    with pytest.raises(IndexChangedError, match="truncated after the index was opened"):
+        lists.ensure(np.arange(len(lists.sizes)))
+    # index.faiss overwritten in place by another build (what --overwrite used to do)
+    index = CompressedIndex(other)
+    (other / "index.faiss").write_bytes((directory / "index.faiss").read_bytes())
+    with pytest.raises(IndexChangedError, match=r"index\.faiss was replaced"):
+        index.search(q, 5)
+
+
+def test_row_ids_past_the_index_are_a_409_and_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    directory, q = _split_index(tmp_path)
+    ids_file = directory / "lists.ids"
+    ids = np.fromfile(ids_file, dtype="<i8")
+    ids[::50] += 10_000_000  # past the 1,000 rows: a damaged file whose table was recomputed
+    ids.tofile(ids_file)
+    _retable(directory)
+    index = CompressedIndex(directory)
+    with pytest.raises(IndexFileError, match=r"lists\.ids holds row id \d+, past the index"):
+        index.search(q, 5)
+
+    class _Rows:
+        name, fingerprint, dim = "rows", "rows", 64
+
+        def encode(self, texts: list[str]) -> np.ndarray:
+            return q[: len(texts)]
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(f'{{"id": "d{i}", "contents": "t{i}"}}\n' for i in range(1_000)))
+    with TestClient(create_app(PrebuiltRetriever(index, corpus, _Rows()))) as client:
+        queries = [f"q{i}" for i in range(len(q))]  # the queries searched above
+        answer = client.post("/retrieve", json={"queries": queries, "topk": 5})
+    assert answer.status_code == 409
+    assert "past the index" in answer.json()["detail"]
+    assert any("refused a batch" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_overwrite_leaves_the_old_index_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import retrieval.compressed as compressed
+    import retrieval.ivf_lists as ivf_lists
+
+    directory, q = _split_index(tmp_path)
+    want = CompressedIndex(directory).search(q, 5)
+
+    def dies_half_way(index: object, out: Path) -> int:
+        (out / "lists.codes").write_bytes(b"half")  # the new build's first file, then a kill
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compressed, "split_lists", dies_half_way)
+    flat_path = tmp_path / "flat.index"
+    config = CompressConfig(preset="rabitqfs", nlist=4, seed=1)
+    with pytest.raises(KeyboardInterrupt):
+        compress_flat_index(flat_path, directory, config)
+    monkeypatch.setattr(compressed, "split_lists", ivf_lists.split_lists)
+    got = CompressedIndex(directory).search(q, 5)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".idx")] == []
+    # a directory that is not an index is never replaced
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("keep me")
+    with pytest.raises(IndexFormatError, match="not an index directory"):
+        compress_flat_index(flat_path, tmp_path / "notes", config)
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "keep me"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -96,3 +98,39 @@ def test_corpus_hash_sees_every_field_and_the_order():
     assert corpus_hash([Document(doc_id="1", title="ab", text="c")]) != corpus_hash(
         [Document(doc_id="1", title="a", text="bc")]
     )
+
+
+def _finishes(call, timeout_s: float = 10.0) -> BaseException | None:
+    """Run `call` in a thread; fail if it blocks (on a FIFO, open() waits for a writer)."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            call()
+            outcome.append(None)
+        except BaseException as err:
+            outcome.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert outcome, f"still blocked after {timeout_s} s"
+    return outcome[0]
+
+
+def test_a_fifo_or_a_device_as_corpus_is_refused_without_blocking(tmp_path: Path):
+    fifo = tmp_path / "corpus.jsonl"
+    os.mkfifo(fifo)
+    for path in (fifo, Path("/dev/zero")):
+        err = _finishes(lambda p=path: read_corpus(p))
+        assert isinstance(err, IndexFormatError) and "not a regular file" in str(err)
+
+
+def test_a_tree_file_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path):
+    from benchmarks.qa.tree_view import load_trees
+    from trace_alloc import TreeFormatError
+
+    fifo = tmp_path / "trees.jsonl"
+    os.mkfifo(fifo)
+    err = _finishes(lambda: load_trees(fifo))
+    assert isinstance(err, TreeFormatError) and "not a regular file" in str(err)

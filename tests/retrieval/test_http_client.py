@@ -203,3 +203,31 @@ def test_a_deadline_ends_the_retries_of_a_hung_server_sync_and_async():
             CachedRetriever(block).search(["q"], k=1)
         for r in (own, block):
             r.close()
+
+
+def test_a_client_follows_a_server_restarted_with_another_index(toy_bm25, toy_docs):
+    from fastapi.testclient import TestClient
+
+    from retrieval import BM25Retriever
+    from retrieval.server import create_app
+
+    other = BM25Retriever.build(toy_docs[4:])  # another index, served on the same URL
+    http = HTTPRetriever("http://testserver")
+    cached = CachedRetriever(http)
+    try:
+        with TestClient(create_app(toy_bm25)) as first:
+            http._client = first  # the server's app in process, at the client's URL
+            assert cached.index_id == toy_bm25.index_id
+            assert cached.search(["capital of Italy"], 2) == toy_bm25.search(
+                ["capital of Italy"], 2
+            )
+        with TestClient(create_app(other)) as restarted:
+            http._client = restarted
+            cached.search(["Konrad Zuse"], 2)  # a miss: the answer names the new index
+            assert http.index_id == cached.index_id == other.index_id
+            # the hit cached from the old index is dropped, not mixed with the new one's
+            assert cached.search(["capital of Italy", "mountains"], 2) == other.search(
+                ["capital of Italy", "mountains"], 2
+            )
+    finally:
+        http._client = None

@@ -146,3 +146,32 @@ def test_searches_run_in_one_thread_set_up_once(counting):
     assert len(set_up) == 1
     assert searched_in == set(set_up)
     assert threading.get_ident() not in searched_in
+
+
+def test_a_small_request_is_not_held_up_by_a_large_one_queued_first(counting):
+    # the retriever's time grows with its batch, as a real index's does
+    class Timed(type(counting)):
+        def search(self, queries, k):
+            threading.Event().wait(0.001 * len(queries))
+            return super().search(queries, k)
+
+    retriever = Timed()
+    finished: list[str] = []
+
+    async def body(batcher):
+        async def ask(name, queries):
+            rows = await batcher.search(queries, 2)
+            finished.append(name)
+            return rows
+
+        large = asyncio.create_task(ask("large", [f"big {i}" for i in range(512)]))
+        await asyncio.sleep(0.005)  # the large request is queued and being searched first
+        small = asyncio.create_task(ask("small", ["small one"]))
+        return await large, await small
+
+    config = BatchingConfig(max_wait_ms=0, slice_queries=32)
+    (large, small), stats = _run(_with_batcher(retriever, config, body))
+    assert finished == ["small", "large"]  # it rode a slice batch, not after all 512 queries
+    assert large == counting.search([f"big {i}" for i in range(512)], 2)  # whole, in order
+    assert small == counting.search(["small one"], 2)
+    assert stats.n_queries == 513 and stats.largest_batch <= 512

@@ -51,6 +51,7 @@ def test_health_reports_the_manifest_and_limits(client, toy_bm25):
         "max_batch_queries": BatchingConfig().max_batch_queries,
         "max_wait_ms": BatchingConfig().max_wait_ms,
         "max_pending_queries": BatchingConfig().max_pending_queries,
+        "slice_queries": BatchingConfig().slice_queries,
     }
     assert body["stats"]["n_requests"] >= 0
 

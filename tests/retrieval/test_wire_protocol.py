@@ -134,3 +134,36 @@ def test_results_without_scores_are_bare_documents():
 def test_malformed_responses_raise_a_retrieval_error(body):
     with pytest.raises(RetrievalError, match="source"):
         parse_result(body, 2, source="source")
+
+
+def test_queries_times_topk_over_the_limit_is_a_413_naming_it():
+    # 512 short queries at topk 100: a 12 KB body used to buy a 12 MB answer
+    body = json.dumps({"queries": [f"q{i}" for i in range(512)], "topk": 100}).encode()
+    with pytest.raises(InvalidRequest, match=r"51200 hits exceeds the limit of 4096") as caught:
+        parse_request(body, ServerLimits())
+    assert caught.value.status == 413
+    ok = json.dumps({"queries": [f"q{i}" for i in range(512)], "topk": 8}).encode()
+    assert parse_request(ok, ServerLimits()).topk == 8
+    with pytest.raises(ValueError, match=r"max-hits-per-request 50 is below --limits\.max-topk"):
+        ServerLimits(max_hits_per_request=50)
+
+
+def test_an_answer_over_its_byte_limit_is_a_413(toy_bm25):
+    from fastapi.testclient import TestClient
+
+    from retrieval.server import create_app
+
+    limits = ServerLimits(max_answer_bytes=200)
+    with TestClient(create_app(toy_bm25, limits=limits)) as client:
+        answer = client.post("/retrieve", json={"queries": ["capital of Italy"], "topk": 5})
+        small = client.post("/retrieve", json={"queries": ["xylophone"], "topk": 1})
+    assert answer.status_code == 413 and "over the limit of 200" in answer.json()["detail"]
+    assert small.status_code == 200
+    assert small.headers["x-index-id"] == toy_bm25.index_id
+
+
+def test_the_client_splits_batches_under_the_hit_limit():
+    from retrieval import HTTPRetriever
+
+    client = HTTPRetriever("http://127.0.0.1:9", max_hits_per_request=4_096)
+    assert [client._batch_size(k) for k in (3, 16, 100)] == [256, 256, 40]
