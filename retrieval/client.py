@@ -148,7 +148,7 @@ class HTTPRetriever:
         self._max_doc_bytes = max_doc_bytes
         self._breaker_s = breaker_s
         self._open_until = 0.0  # time.monotonic() before which calls fail at once
-        self._open_cause = ""
+        self._last_failure = ""  # why the last call found the server unavailable
         # the peers' servers take one query per request
         self._max_batch_queries = max_batch_queries if protocol == "search-r1" else 1
         self._index_id = index_id
@@ -163,6 +163,11 @@ class HTTPRetriever:
     def url(self) -> str:
         """The server's base URL."""
         return self._url
+
+    @property
+    def last_failure(self) -> str:
+        """Why the last search found the server unavailable; '' once a search succeeds."""
+        return self._last_failure
 
     @property
     def index_id(self) -> str:
@@ -356,16 +361,15 @@ class HTTPRetriever:
         if left > 0:
             raise RetrieverUnavailable(
                 f"{self._url} is skipped for {left:.0f} s more (circuit breaker, breaker_s="
-                f"{self._breaker_s:g}): {self._open_cause}"
+                f"{self._breaker_s:g}): {self._last_failure}"
             )
         try:
             yield
         except RetrieverUnavailable as err:
-            if self._breaker_s > 0:
-                self._open_cause = str(err)
-                self._open_until = time.monotonic() + self._breaker_s
+            self._last_failure = str(err)
+            self._open_until = time.monotonic() + self._breaker_s
             raise
-        self._open_until = 0.0
+        self._open_until, self._last_failure = 0.0, ""
 
     def _end(self) -> float | None:
         """When this call must be over (`time.monotonic()`): its own and the block's deadline."""
