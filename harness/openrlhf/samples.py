@@ -61,6 +61,7 @@ from harness.openrlhf.experience import (  # noqa: E402
     pad_to_multiple,
     token_advantages_of_episode,
 )
+from harness.run_guard import check_retriever  # noqa: E402
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import (  # noqa: E402
     BudgetLimit,
@@ -140,9 +141,9 @@ class TreeSamplesGenerator(SamplesGenerator):
         loaders = [prompts_dataloader] + ([eval_dataloader] if eval_dataloader else [])
         self._tasks_by_label: dict[str, QATask] = {}
         tasks = TaskSet(self._tasks_from_labels(loaders))
-        self.env = SearchQAEnv(
-            tasks, make_retriever(config.retriever), **dataclasses.asdict(config.env)
-        )
+        retriever = make_retriever(config.retriever)
+        check_retriever(retriever)  # from the trainer's node: where the envs run
+        self.env = SearchQAEnv(tasks, retriever, **dataclasses.asdict(config.env))
         codec_cls = ChatTemplateCodec if args.data.apply_chat_template else EpisodeCodec
         self.codec = codec_cls(tokenizer)
         self.sampling = SamplingParams(
