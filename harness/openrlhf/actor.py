@@ -40,6 +40,7 @@ __all__ = [
     "TreePolicyModelActorBase",
     "finite_filler_metrics",
     "one_schedule_step",
+    "skip_zero_learning_rate",
     "tree_steps",
 ]
 
@@ -90,6 +91,17 @@ def one_schedule_step(engine: Any) -> Iterator[None]:
         scheduler.step()
 
 
+def skip_zero_learning_rate(scheduler: Any) -> None:
+    """Step a scheduler that starts at learning rate 0 once, so the first tree step trains.
+
+    A linear warm-up gives its step 0 a factor of 0: upstream loses one optimizer step to it, a
+    tree step (which trains at one learning rate) would lose all of its own. A scheduler already
+    past 0 (no warm-up, or restored from a checkpoint) is left as it is.
+    """
+    if scheduler is not None and all(lr == 0 for lr in scheduler.get_last_lr()):
+        scheduler.step()
+
+
 def tree_steps(n_prompts: int, batch_size: int, n_episodes: int) -> int:
     """Tree steps in a run: each draws `batch_size` prompts until the dataset is used up.
 
@@ -128,6 +140,7 @@ class TreePolicyModelActorBase(_plain_class(PolicyModelActor)):  # type: ignore[
         """Upstream's set-up; `max_steps` is the schedule length in tree steps."""
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         self.trainer.__class__ = TreeActorPPOTrainer  # one method overridden, no new state
+        skip_zero_learning_rate(self.actor.model.lr_scheduler)
 
     def fit(self, kl_ctl: float = 0) -> dict[str, Any]:
         """Train on the replay buffer (one tree step) at one learning rate."""

@@ -55,10 +55,12 @@ from harness.errors import EngineTimeoutError, HarnessError  # noqa: E402
 from harness.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
+    actor_ranks,
     batch_unit,
     experience_from_tokens,
     experiences_from_leaves,
     pad_to_multiple,
+    spread_over_ranks,
     token_advantages_of_episode,
 )
 from harness.run_guard import check_retriever  # noqa: E402
@@ -341,7 +343,10 @@ class TreeSamplesGenerator(SamplesGenerator):
             prompts=[prompts[first[t.prompt_id]] for t in kept],
             labels=[labels[first[t.prompt_id]] for t in kept],
         )
-        padded = pad_to_multiple(experiences, self.unit)
+        # the real leaves shared out over the ranks, each rank's fillers after its leaves
+        padded = spread_over_ranks(
+            pad_to_multiple(experiences, self.unit), len(experiences), actor_ranks(self.args)
+        )
         self.last_step = result
         self.last_metrics = _step_metrics(result, self.engine.stats.tokens_per_s, rollout_s)
         self.last_metrics.update(predictor_metrics)
