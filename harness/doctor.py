@@ -461,7 +461,7 @@ def check_retriever(p: Probes, t: Target) -> Check:
     return Check(name="retriever", status="ok", detail=f"{url} serves index {found!r}")
 
 
-CHECKS: tuple[Callable[[Probes, Target], Check], ...] = (
+TOOLCHAIN: tuple[Callable[[Probes, Target], Check], ...] = (
     check_python,
     check_gcc,
     check_ninja,
@@ -469,6 +469,11 @@ CHECKS: tuple[Callable[[Probes, Target], Check], ...] = (
     check_nvcc,
     check_gpus,
     check_disk,
+)
+"""The machine's checks, which need nothing installed beyond torch (`make install-gpu` runs
+them before the long builds)."""
+CHECKS: tuple[Callable[[Probes, Target], Check], ...] = (
+    *TOOLCHAIN,
     check_ray,
     check_model,
     check_data,
@@ -558,3 +563,12 @@ def _no_gpu(name: str, t: Target) -> Check:
 def _major(text: str | None) -> int | None:
     found = re.match(r"\s*(\d+)", text or "")
     return int(found.group(1)) if found else None
+
+
+if __name__ == "__main__":
+    # `make install-gpu` runs this before trace-rl's own dependencies are in (no tyro, no rich):
+    # the GPU node's checks, stdlib only; `tracerl doctor` is the command with options
+    probes, target = Probes.local(), Target(require_gpu=True)
+    found = [check(probes, target) for check in TOOLCHAIN]
+    print(format_report(found))
+    sys.exit(1 if any(c.status == "fail" for c in found) else 0)
