@@ -442,7 +442,9 @@ def check_retriever(p: Probes, t: Target) -> Check:
                 status="warn",
                 detail=f"{url} answers but has no /health: its index is not checked",
             )
-        reason = next((s for s in str(err).splitlines() if s.strip()), type(err).__name__)
+        text = next((s for s in str(err).splitlines() if s.strip()), type(err).__name__)
+        cause = re.search(r"\(last: (.*)\)\. ", text)  # the client's message names the cause
+        reason = cause.group(1) if cause else text
         return Check(
             name="retriever",
             status="fail",
