@@ -40,6 +40,9 @@ __all__ = [
     "LoadedCheckpoint",
     "latest_checkpoint",
     "load_checkpoint",
+    "parameter_distance",
+    "policy_distance",
+    "policy_parameters",
     "save_checkpoint",
 ]
 
@@ -192,6 +195,48 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
         torch_rng=torch_rng,
         state=state,
     )
+
+
+def parameter_distance(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """‖a − b‖₂ over every tensor `a` names, as if all were one flat vector (float64 sums).
+
+    `b` may hold more names than `a` (a state dict lists a tied weight under both of its
+    names; `policy_parameters` lists it once), so pass the trainable parameters as `a`.
+
+    >>> a, b = {"w": torch.tensor([3.0, 0.0])}, {"w": torch.zeros(2), "x": torch.ones(1)}
+    >>> parameter_distance(a, b)
+    3.0
+
+    Raises:
+        ValueError: `b` lacks a name of `a`, or a tensor's shape differs.
+    """
+    total = 0.0
+    for name, x in a.items():
+        y = b.get(name)
+        if y is None or y.shape != x.shape:
+            found = "missing" if y is None else f"of shape {tuple(y.shape)}"
+            raise ValueError(
+                f"parameter {name} of shape {tuple(x.shape)} is {found} in the other policy: "
+                "they are not the same architecture"
+            )
+        total += float((x.detach().double() - y.detach().double()).pow(2).sum())
+    return total**0.5
+
+
+def policy_parameters(policy: str | Path) -> dict[str, torch.Tensor]:
+    """A transformers policy's parameters by name, tied weights once, in float32.
+
+    `policy` is a model directory or a hub name, as `--policy` takes it.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(policy, dtype=torch.float32)
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def policy_distance(a: str | Path, b: str | Path) -> float:
+    """‖θ_a − θ_b‖₂ between two saved policies (e.g. a run's start policy and its `policy/`)."""
+    return parameter_distance(policy_parameters(a), policy_parameters(b))
 
 
 def write_dir_atomic(final: Path, write: Callable[[Path], None]) -> None:

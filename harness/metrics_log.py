@@ -17,6 +17,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
     from trace_alloc import LeafAdvantage, RolloutTree, StepResult
     from trace_alloc.tree import Node, Turn
 
-__all__ = ["PANELS", "MetricsLog", "advantage_metrics", "plot_run", "read_metrics",
-           "rollout_metrics", "tree_health"]  # fmt: skip
+__all__ = ["PANELS", "Continuation", "MetricsLog", "advantage_metrics", "continuations_of",
+           "flip_calibration", "plot_run", "read_metrics", "rollout_metrics",
+           "tree_health"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ def _turn(node: Node) -> Turn:
     return node.turn
 
 
-def rollout_metrics(result: StepResult) -> dict[str, float]:
+def rollout_metrics(result: StepResult) -> dict[str, Any]:
     """Contrast, outcome and behaviour statistics of one step's trees.
 
     One definition of the `rollout/*` keys, shared by the CPU and the OpenRLHF trainers.
@@ -69,6 +71,7 @@ def rollout_metrics(result: StepResult) -> dict[str, float]:
     mean = lambda xs: float(np.mean(xs)) if xs else float("nan")  # noqa: E731
     return {
         **tree_health(result.trees),
+        **flip_calibration(result),
         "rollout/reward": mean(rewards),
         "rollout/accuracy": mean(ems),
         "rollout/effective_ratio": stats.effective_ratio,
@@ -123,28 +126,113 @@ def tree_health(trees: Sequence[RolloutTree]) -> dict[str, float]:
         var_sum += len(leaves) * float(rewards.var())
         n_leaves += len(leaves)
         max_leaves = max(max_leaves, len(leaves))
-        # leaves under each node, children after parents (ids grow down the tree)
-        under: list[list[int]] = [[] for _ in tree.nodes]
-        for node in reversed(tree.nodes):
-            if node.is_leaf:
-                under[node.node_id].append(node.node_id)
-            if node.parent_id is not None:
-                under[node.parent_id] += under[node.node_id]
-        for node in tree.nodes[1:]:
-            anchor = tree.nodes[node.parent_id]  # type: ignore[index]
-            if anchor.is_root or node.wave <= anchor.wave:
-                continue  # a root rollout, or the turn its own rollout took next
+        for c in continuations_of(tree):
             continuations += 1
-            leaf = node.node_id
-            while not tree.nodes[leaf].is_leaf:  # a rollout's turns have consecutive ids
-                leaf += 1
-            before = {tree.nodes[x].reward for x in under[anchor.node_id]
-                      if tree.nodes[x].wave < node.wave}  # fmt: skip
-            flips += len(before) == 1 and tree.nodes[leaf].reward not in before
+            flips += c.flipped
     return {
         "rollout/flips_per_continuation": flips / continuations if continuations else math.nan,
         "rollout/max_leaves_per_tree": float(max_leaves),
         "rollout/reward_var_per_leaf": var_sum / n_leaves if n_leaves else math.nan,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Continuation:
+    """One rollout forked from a turn prefix, and what it did to its anchor's outcome."""
+
+    anchor: int
+    """The node it was forked from."""
+    wave: int
+    """The driver wave that ran it."""
+    flipped: bool
+    """Its reward differs from the one outcome that every earlier leaf under the anchor had."""
+    settled: bool
+    """The tree's bare rollouts of earlier waves all had one outcome when it was placed."""
+
+
+def continuations_of(tree: RolloutTree) -> list[Continuation]:
+    """The continuations of a tree, in creation order (roots' rollouts are not among them)."""
+    from trace_alloc.tree import bare_leaves
+
+    # leaves under each node, children after parents (ids grow down the tree)
+    under: list[list[int]] = [[] for _ in tree.nodes]
+    for node in reversed(tree.nodes):
+        if node.is_leaf:
+            under[node.node_id].append(node.node_id)
+        if node.parent_id is not None:
+            under[node.parent_id] += under[node.node_id]
+    bare = [(tree.nodes[b].wave, tree.nodes[b].reward) for b in bare_leaves(tree)]
+    out = []
+    for node in tree.nodes[1:]:
+        anchor = tree.nodes[node.parent_id]  # type: ignore[index]
+        if anchor.is_root or node.wave <= anchor.wave:
+            continue  # a root rollout, or the turn its own rollout took next
+        leaf = node.node_id
+        while not tree.nodes[leaf].is_leaf:  # a rollout's turns have consecutive ids
+            leaf += 1
+        before = {tree.nodes[x].reward for x in under[anchor.node_id]
+                  if tree.nodes[x].wave < node.wave}  # fmt: skip
+        bare_before = {r for w, r in bare if w < node.wave}
+        out.append(
+            Continuation(
+                anchor=anchor.node_id,
+                wave=node.wave,
+                flipped=len(before) == 1 and tree.nodes[leaf].reward not in before,
+                settled=len(bare_before) == 1,
+            )
+        )
+    return out
+
+
+def flip_calibration(result: StepResult) -> dict[str, Any]:
+    """Stage 2's predicted flip chances against the flips that happened, for one step.
+
+    Each continuation is matched with the `RolloutRequest.p_flip` its allocator gave its
+    anchor in its wave (allocators that give none are not scored).
+
+    - `stage2/continuations`, `stage2/flips`: the step's continuations and flips;
+    - `stage2/settled_share`: share of them placed in trees whose bare rollouts all agreed;
+    - `stage2/flip_brier`: mean (p_flip − flipped)² over the scored ones (NaN if none);
+    - `stage2/p_flip`, `stage2/flipped`, `stage2/settled`: one entry per scored continuation
+      (lists: JSONL only), for pooled Brier scores and AUCs across steps and seeds.
+
+    >>> from trace_alloc import Rollout, RolloutRequest, RolloutTree, Turn
+    >>> from trace_alloc.driver import StepResult, WaveRecord
+    >>> from trace_alloc.budget import Spend
+    >>> t = RolloutTree(prompt_id="q", prompt_text="Q?")
+    >>> turn = Turn(action_text="s", action_token_ids=(1,))
+    >>> _ = t.add_rollout(0, Rollout(turns=(turn, turn), reward=0.0))
+    >>> _ = t.add_rollout(0, Rollout(turns=(turn, turn), reward=1.0))
+    >>> _ = t.add_rollout(1, Rollout(turns=(turn,), reward=1.0), wave=1)  # flips node 1's 0
+    >>> wave = WaveRecord(wave=1, stage="prefixes", n_requests=1, spend=Spend(), alloc_s=0.0,
+    ...     requests=(RolloutRequest(tree_index=0, node_id=1, n=1, p_flip=0.4),))
+    >>> step = StepResult(trees=[t], train_indices=[0], spent=Spend(), limit=3.0, carry=0.0,
+    ...     tokens_per_leaf=2.0, waves=(wave,))
+    >>> c = flip_calibration(step)
+    >>> c["stage2/flips"], c["stage2/settled_share"], round(c["stage2/flip_brier"], 2)
+    (1, 0.0, 0.36)
+    """
+    p_flip = {(w.wave, r.tree_index, r.node_id): r.p_flip for w in result.waves
+              for r in w.requests if r.p_flip is not None}  # fmt: skip
+    n = flips = settled = 0
+    scored: dict[str, list[Any]] = {"p_flip": [], "flipped": [], "settled": []}
+    for i, tree in enumerate(result.trees):
+        for c in continuations_of(tree):
+            n += 1
+            flips += c.flipped
+            settled += c.settled
+            p = p_flip.get((c.wave, i, c.anchor))
+            if p is not None:
+                scored["p_flip"].append(round(p, 5))
+                scored["flipped"].append(int(c.flipped))
+                scored["settled"].append(int(c.settled))
+    errors = [(p - y) ** 2 for p, y in zip(scored["p_flip"], scored["flipped"], strict=True)]
+    return {
+        "stage2/continuations": n,
+        "stage2/flips": flips,
+        "stage2/settled_share": settled / n if n else math.nan,
+        "stage2/flip_brier": sum(errors) / len(errors) if errors else math.nan,
+        **{f"stage2/{k}": v for k, v in scored.items()},
     }
 
 

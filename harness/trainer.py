@@ -13,9 +13,10 @@ file), continues a checkpoint (`resume`), then loops over the steps, whose phase
 3. **predictor**: score Ṽψ on every root and prefix of the step's trees *before* it learns
    them (Brier, AUC), then fit it to V̂, the mean leaf reward under each node;
 4. **advantages**: `trace_alloc.tree_advantages` on the trees the allocator says to train on;
-5. **update**: every leaf is one sequence; OpenRLHF's `PolicyLoss` on its action tokens
-   (observations masked), plus `compute_approx_kl` against the frozen start policy when
-   `loss.kl_coef > 0`; one optimizer step per step (and per PPO epoch);
+5. **update**: every leaf with signal is one sequence; OpenRLHF's `PolicyLoss` on its action
+   tokens (observations masked), plus `compute_approx_kl` against the frozen start policy when
+   `loss.kl_coef > 0`; one optimizer step per PPO epoch, none on a step without signal (logged
+   as `policy/optimizer_steps`, with the update's size `policy/update_norm` = ‖Δθ‖);
 6. **log and checkpoint**: one JSON record per step (`metrics.jsonl`, TensorBoard) and an
    atomic checkpoint every `checkpoint_every` steps, from which `resume=True` continues exactly;
 
@@ -49,7 +50,14 @@ import torch
 from tqdm.auto import tqdm
 
 from harness.backends import SamplingParams, TransformersBackend
-from harness.checkpoint import LoadedCheckpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from harness.checkpoint import (
+    LoadedCheckpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    parameter_distance,
+    policy_parameters,
+    save_checkpoint,
+)
 from harness.config import CONFIG_FILE, OptimConfig, TrainConfig
 from harness.distributed import (
     ONE_PROCESS,
@@ -64,9 +72,9 @@ from harness.distributed import (
 from harness.engine import TreeRolloutEngine, leaves_to_train
 from harness.episodes import EpisodeCodec, evaluate_policy
 from harness.errors import HarnessError, ResumeError
-from harness.metrics_log import MetricsLog, advantage_metrics, rollout_metrics
+from harness.metrics_log import MetricsLog, advantage_metrics, read_metrics, rollout_metrics
 from harness.openrlhf_compat import openrlhf_losses
-from harness.optimizers import make_optimizer
+from harness.optimizers import DeepSpeedOptimizer, make_optimizer
 from harness.run_guard import FailureStreak, check_retriever, failure_cause
 from harness.task_sources import Tasks, WorldStream, build_tasks
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE
@@ -80,7 +88,7 @@ from trace_alloc import (
 )
 
 __all__ = ["DataCursor", "Tasks", "TrainSummary", "build_tasks", "resume", "set_up", "train",
-           "update_policy"]  # fmt: skip
+           "trainable_weights", "update_policy"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +110,10 @@ class TrainSummary:
     """The last step's metrics record."""
     wall_s: float
     """Wall time of this process's part of the run."""
+    movement: dict[str, float]
+    """How far the policy moved: `policy/displacement` (‖θ_end − θ_start‖ against the start
+    policy's weights as saved, so a resumed run measures the whole run) and
+    `policy/optimizer_steps_total` (over every step of the run, from `metrics.jsonl`)."""
 
     def to_json(self) -> dict[str, Any]:
         """JSON-safe dict."""
@@ -112,6 +124,7 @@ class TrainSummary:
             "totals": self.totals,
             "final": self.final,
             "wall_s": self.wall_s,
+            "movement": self.movement,
         }
 
 
@@ -586,6 +599,12 @@ def _finish(run: Run, progress: Progress, last: dict[str, Any], wall_start: floa
     if run.ranks.is_main:
         run.model.save_pretrained(policy_dir, state_dict=weights)
         run.tokenizer.save_pretrained(policy_dir)
+    # against the start policy as saved, not a copy taken at start: a resumed run has none
+    displacement = parameter_distance(policy_parameters(run.config.policy), weights)
+    steps_total = 0
+    if run.ranks.is_main:  # metrics.jsonl holds every step once, cut back on resume
+        steps_total = sum(int(r.get("policy/optimizer_steps", 0)) for r in read_metrics(run_dir))
+    steps_total = all_gather(steps_total, run.ranks)[0]
     summary = TrainSummary(
         run_dir=run_dir,
         steps=run.config.steps,
@@ -597,6 +616,10 @@ def _finish(run: Run, progress: Progress, last: dict[str, Any], wall_start: floa
         },
         final=last,
         wall_s=time.perf_counter() - wall_start,
+        movement={
+            "policy/displacement": displacement,
+            "policy/optimizer_steps_total": float(steps_total),
+        },
     )
     if run.ranks.is_main:
         (run_dir / SUMMARY_FILE).write_text(
@@ -693,8 +716,9 @@ def update_policy(
     the metrics are summed over the ranks, so N ranks report and step as one process would.
     """
     nan = float("nan")
-    if not leaves:  # no contrast this step: nothing to learn from
-        return {"loss/policy": nan, "policy/n_train_leaves": 0, "policy/n_train_tokens": 0}
+    if not leaves:  # no contrast this step: nothing to learn from, no optimizer step
+        return {"loss/policy": nan, "policy/n_train_leaves": 0, "policy/n_train_tokens": 0,
+                "policy/optimizer_steps": 0, "policy/update_norm": 0.0}  # fmt: skip
     mbs = config.optim.micro_batch_size
     batches = _batches(deal(leaves, ranks, size=lambda t: len(t.token_ids)), mbs, pad_id)
     # ZeRO-3's forward and backward are collectives: every rank runs as many micro-batches as
@@ -718,6 +742,7 @@ def update_policy(
             ref_logprobs = [_logprobs(reference, b, losses, temperature)[0] for b in batches]
     sums = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip": 0.0, "ppo_kl": 0.0, "gap": 0.0}
     grad_norm = nan
+    before = trainable_weights(optimizer)  # whole on every rank, so every rank logs one norm
     model.train()
     for _ in range(config.optim.ppo_epochs):
         for i, batch in enumerate(batches):
@@ -754,6 +779,7 @@ def update_policy(
                 sums["ppo_kl"] += float(ppo_kl) * share
         grad_norm = optimizer.step(lr)
     model.eval()
+    update_norm = parameter_distance(before, trainable_weights(optimizer))
     sums = sum_across_ranks(sums, ranks)
     epochs = config.optim.ppo_epochs
     return {
@@ -767,7 +793,21 @@ def update_policy(
         "policy/grad_norm": grad_norm,
         "policy/n_train_leaves": len(leaves),
         "policy/n_train_tokens": int(n_tokens),
+        "policy/optimizer_steps": epochs,
+        "policy/update_norm": update_norm,
     }
+
+
+def trainable_weights(optimizer: Any) -> dict[str, torch.Tensor]:
+    """The trainable parameters' values, copied out whole (a collective under ZeRO-3).
+
+    Tied weights appear once (`named_parameters`), so a distance counts each parameter once.
+    """
+    deepspeed = isinstance(optimizer, DeepSpeedOptimizer)
+    module = optimizer.engine.module if deepspeed else optimizer.model
+    state = optimizer.model_state_dict()
+    # `TorchOptimizer` hands out the live tensors: copy, or the update would move "before" too
+    return {n: state[n].detach().clone() for n, p in module.named_parameters() if p.requires_grad}
 
 
 def _weightless(batch: _Batch) -> _Batch:

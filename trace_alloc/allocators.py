@@ -24,8 +24,14 @@ import numpy as np
 
 from trace_alloc.base import Allocator, AllocPlan, AllocView, Predictor, RolloutRequest
 from trace_alloc.errors import AllocError, UnknownNameError
-from trace_alloc.solvers import solve_prefixes, solve_roots, split_budget, v_prefix
-from trace_alloc.tree import RolloutTree
+from trace_alloc.solvers import (
+    prefix_posterior,
+    solve_prefixes,
+    solve_roots,
+    split_budget,
+    v_prefix,
+)
+from trace_alloc.tree import RolloutTree, bare_leaves
 
 __all__ = [
     "ALLOCATORS",
@@ -106,9 +112,12 @@ def _check_group_size(group_size: int) -> None:
         raise ValueError(f"group_size={group_size}: a group needs 2 leaves to be mixed")
 
 
-def _requests(tree_index: int, counts: Counter[int]) -> list[RolloutRequest]:
+def _requests(
+    tree_index: int, counts: Counter[int], p_flip: dict[int, float] | None = None
+) -> list[RolloutRequest]:
+    p_flip = p_flip or {}
     return [
-        RolloutRequest(tree_index=tree_index, node_id=node, n=n)
+        RolloutRequest(tree_index=tree_index, node_id=node, n=n, p_flip=p_flip.get(node))
         for node, n in sorted(counts.items())
         if n > 0
     ]
@@ -399,9 +408,12 @@ class Trace:
     of M reserved as floors of `min_per_prompt` rollouts on random prompts. Stage 2 gives each
     active prompt its own share ∝ m_i of the rest (exactly m_i N in the leaf currency, at most
     m_i N in the token currency: `continuation_quota`) and places it on that prompt's unmixed,
-    non-leaf turn prefixes, maximising Σ 1 − q^K with q = r Ṽ + (1 − r)(1 − Ṽ) the chance that
-    one continuation repeats the observed outcome r. Budget never moves between trees: a
-    prompt with no prefix to expand returns its share to Stage-1 roots (`check_placement`
+    non-leaf turn prefixes, maximising Σ 1 − q^K with q = r V + (1 − r)(1 − V) the chance that
+    one continuation repeats the observed outcome r. V conditions the predictor's Ṽ(H) on the
+    tree's own bare outcomes of this step (`prefix_posterior`), so the prefixes of a prompt
+    whose bare rollouts all agree are predicted to repeat them. A prefix whose flip chance
+    1 − q is under `min_flip_prob` gets nothing, and budget never moves between trees: a prompt
+    with no prefix left to expand returns its share to Stage-1 roots (`check_placement`
     enforces it). Later waves (token currency) repeat Stage 2 on the grown trees.
     `stage1`/`stage2 = "uniform"` are the ablation switches.
     """
@@ -435,11 +447,17 @@ class Trace:
     the whole Stage-2 budget into the trees whose bare rollouts all agree, which buys about
     one flip per step inside one large tree (kept only to reproduce the old default;
     docs/decisions.md, "Budget density and Stage 2's placement")."""
-    min_flip_prob: float = 0.0
+    min_flip_prob: float = 0.2
     """Flip floor: a prefix whose predicted flip probability 1 − q is below this gets no
     continuation, and a tree left with none returns its share to Stage-1 roots, so N falls to 0
-    where prefixes cannot flip (0: off; `stage2="active"` only; docs/decisions.md, "The flip
-    floor")."""
+    where prefixes cannot flip (0: off; `stage2="active"` only). 0.2 with `prefix_prior` 1
+    closes every tree whose 4 or more bare rollouts agree (their prefixes' 1 − q is at most
+    (1 − p_clip)/5) and keeps mixed ones (docs/decisions.md, "Stage 2's flip prediction")."""
+    prefix_prior: float | None = 1.0
+    """k: how many bare rollouts the predictor's Ṽ(H) is worth in a prefix's posterior
+    V = (k Ṽ(H) + s_i)/(k + m_i), with s_i successes among the tree's m_i bare rollouts
+    (`prefix_posterior`). 0 is the tree's own success rate alone; None is Ṽ(H) alone, the
+    prefix predictor blind to its own tree (the behaviour before the posterior)."""
 
     def __post_init__(self) -> None:
         _check_group_size(self.group_size)
@@ -462,6 +480,8 @@ class Trace:
             raise ValueError(f"p_clip={self.p_clip}: must be in [0, 0.5)")
         if not 0.0 <= self.min_flip_prob <= 0.5:
             raise ValueError(f"min_flip_prob={self.min_flip_prob}: must be in [0, 0.5]")
+        if self.prefix_prior is not None and not 0.0 <= self.prefix_prior < math.inf:
+            raise ValueError(f"prefix_prior={self.prefix_prior}: must be >= 0 and finite")
         if self.stage1 not in ("active", "uniform") or self.stage2 not in ("active", "uniform"):
             raise ValueError(
                 f"stage1={self.stage1!r}, stage2={self.stage2!r}: each is 'active' or 'uniform'"
@@ -548,7 +568,9 @@ class Trace:
             else:
                 k = solve_prefixes(q, share)
                 expected_flips += float(v_prefix(q, k).sum())
-            requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))))
+            # q is NaN where no predictor scored the prefix (uniform placement without one)
+            p_flip = {n: 1.0 - float(x) for n, x in zip(nodes, q, strict=True) if x == x}
+            requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))), p_flip)
         placed = sum(r.n for r in requests)
         if not self.prefer_unmixed:
             check_placement(view.trees, requests, self.continuations_per_rollout)
@@ -571,9 +593,12 @@ class Trace:
         """Per active tree with any, its expandable prefixes and their repeat probabilities q.
 
         A prefix is expandable when it is a non-leaf turn whose leaves all agree (outcome r);
-        q = r Ṽ + (1 − r)(1 − Ṽ) is the chance that one continuation repeats r (docs/design.md §1).
-        With `stage2="uniform"` no predictor is read and q is 0.5. Prefixes whose flip
-        probability 1 − q is below `min_flip_prob` are dropped (the flip floor).
+        q = r V + (1 − r)(1 − V) is the chance that one continuation repeats r (docs/design.md
+        §1), with V the predictor's Ṽ(H) conditioned on the tree's bare outcomes
+        (`prefix_prior`). `stage2="uniform"` places without q, but q is still computed when a
+        predictor is given (the flip logs score random placement too); without one it is NaN.
+        With `stage2="active"`, prefixes whose flip probability 1 − q is below `min_flip_prob`
+        are dropped (the flip floor).
         """
         found: dict[int, tuple[list[int], np.ndarray]] = {}
         for i in _active(trees):
@@ -585,17 +610,24 @@ class Trace:
             ]
             if nodes:
                 found[i] = (nodes, low[nodes])
-        if self.stage2 == "uniform" or not found:
-            return {i: (nodes, np.full(len(nodes), 0.5)) for i, (nodes, _) in found.items()}
+        if not found or (self.stage2 == "uniform" and predictor is None):
+            return {i: (nodes, np.full(len(nodes), np.nan)) for i, (nodes, _) in found.items()}
         histories = [trees[i].history(n) for i, (nodes, _) in found.items() for n in nodes]
-        v = self._clip(_need(predictor, self.name).predict(histories))
+        v_hat = self._clip(_need(predictor, self.name).predict(histories))
         out: dict[int, tuple[list[int], np.ndarray]] = {}
         start = 0
         for i, (nodes, r) in found.items():
-            vi = v[start : start + len(nodes)]
+            v = v_hat[start : start + len(nodes)]
             start += len(nodes)
-            q = r * vi + (1.0 - r) * (1.0 - vi)
-            keep = 1.0 - q >= self.min_flip_prob
+            if self.prefix_prior is not None:
+                bare = [trees[i].nodes[leaf].reward or 0.0 for leaf in bare_leaves(trees[i])]
+                v = self._clip(prefix_posterior(v, sum(bare), len(bare), self.prefix_prior))
+            q = r * v + (1.0 - r) * (1.0 - v)
+            keep = (
+                1.0 - q >= self.min_flip_prob
+                if self.stage2 == "active"
+                else np.ones(len(q), dtype=bool)
+            )
             if keep.any():
                 out[i] = ([n for n, k in zip(nodes, keep, strict=True) if k], q[keep])
         return out

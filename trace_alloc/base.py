@@ -44,6 +44,10 @@ class RolloutRequest:
     tree_index: int
     node_id: int
     n: int
+    p_flip: float | None = None
+    """Stage 2: the allocator's chance that one continuation from this node ends with another
+    outcome than the one every earlier leaf under it agreed on (logged against the realised
+    flips to calibrate it: `harness.metrics_log.flip_calibration`); None for roots."""
 
     def __post_init__(self) -> None:
         if self.n < 1:

@@ -36,6 +36,8 @@ class WaveRecord:
     alloc_s: float
     """Wall time the allocator's `ask` took."""
     diagnostics: Mapping[str, float] = field(default_factory=dict)
+    requests: tuple[RolloutRequest, ...] = ()
+    """What the allocator asked for (with its Stage-2 flip probabilities)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,6 +142,7 @@ def run_step(
                 spend=wave_spend,
                 alloc_s=alloc_s,
                 diagnostics=dict(plan.diagnostics),
+                requests=tuple(plan.requests),
             )
         )
     first = next((w.spend for w in waves if w.spend.n_leaves), None)

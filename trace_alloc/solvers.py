@@ -21,6 +21,7 @@ from trace_alloc.errors import AllocError
 __all__ = [
     "RootSolution",
     "prefix_gain",
+    "prefix_posterior",
     "root_gain",
     "solve_prefixes",
     "solve_roots",
@@ -67,6 +68,31 @@ def v_prefix(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:
     """
     flips: np.ndarray = 1.0 - np.asarray(q, dtype=np.float64) ** np.asarray(k)
     return flips
+
+
+def prefix_posterior(
+    v_hat: np.ndarray, successes: float, n_bare: int, prior_strength: float
+) -> np.ndarray:
+    """A prefix's success probability given what its own tree's bare rollouts showed this step.
+
+    V = (k V̂(H) + s) / (k + m): the predictor's V̂(H) counts as k pseudo-rollouts beside the s
+    successes of the tree's m bare rollouts (a Beta posterior whose prior mean is V̂). Where a
+    prompt's bare rollouts all agree, every prefix is pulled toward that outcome, so a settled
+    tree's continuations are predicted to repeat it; where they disagree, toward the tree's
+    success rate. k = 0 is the tree's own rate alone; a large k is the predictor alone.
+
+    >>> prefix_posterior(np.array([0.8, 0.2]), successes=0, n_bare=4, prior_strength=1.0).tolist()
+    [0.16, 0.04]
+    >>> prefix_posterior(np.array([0.5]), successes=2, n_bare=4, prior_strength=0.0).tolist()
+    [0.5]
+    """
+    if prior_strength < 0 or prior_strength + n_bare <= 0:
+        raise ValueError(
+            f"prior_strength={prior_strength}, n_bare={n_bare}: need k >= 0 and k + m > 0"
+        )
+    v = np.asarray(v_hat, dtype=np.float64)
+    posterior: np.ndarray = (prior_strength * v + successes) / (prior_strength + n_bare)
+    return posterior
 
 
 def prefix_gain(q: np.ndarray | float, k: np.ndarray | int) -> np.ndarray:

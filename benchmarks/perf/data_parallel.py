@@ -39,7 +39,7 @@ import tyro
 
 from benchmarks.meta import run_meta
 from harness.config import LossConfig, OptimConfig, TrainConfig
-from harness.distributed import Ranks, init_from_env
+from harness.distributed import Ranks, all_gather, init_from_env
 from harness.openrlhf_compat import openrlhf_losses
 from harness.optimizers import make_optimizer
 from harness.trainer import update_policy
@@ -52,7 +52,8 @@ BACKENDS: dict[str, tuple[str, int]] = {
 }
 """Name -> (`--optim.backend`, `--optim.zero-stage`)."""
 
-COMPARED = ("loss/policy", "loss/kl", "policy/entropy", "policy/clip_ratio", "policy/approx_kl")
+COMPARED = ("loss/policy", "loss/kl", "policy/entropy", "policy/clip_ratio", "policy/approx_kl",
+            "policy/update_norm")  # fmt: skip
 """The per-step metrics compared between the runs (the gradient norm is reported apart)."""
 
 LR = 1e-2
@@ -177,12 +178,15 @@ def worker(args: Args) -> None:
         t0 = time.perf_counter()
         metrics, states = _train(name, args, ranks, range(args.steps))
         _, resumed = _train(name, args, ranks, range(1, args.steps), states[0])
+        # every rank must log the same step size, not its own share's
+        norms = all_gather([m["policy/update_norm"] for m in metrics], ranks)
         if ranks.is_main:
             torch.save(
                 {
                     "metrics": metrics,
                     "weights": states[-1][0],
                     "resumed_weights": resumed[-1][0],
+                    "update_norms_by_rank": norms,
                     "world_size": ranks.world_size,
                     "wall_s": time.perf_counter() - t0,
                 },
@@ -251,6 +255,9 @@ def main(args: Args) -> dict[str, Any]:
                 "max_weight_abs_diff": _max_diff(a["weights"], b["weights"]),
                 "max_weight_change": _max_diff(a["weights"], tiny_model().state_dict()),
                 "resumed_max_weight_abs_diff": _max_diff(b["weights"], b["resumed_weights"]),
+                "max_update_norm_rank_diff": max(
+                    max(step) - min(step) for step in zip(*b["update_norms_by_rank"], strict=True)
+                ),
                 "losses_1proc": [m["loss/policy"] for m in a["metrics"]],
                 "losses_2proc": [m["loss/policy"] for m in b["metrics"]],
                 "wall_s": {"1proc": a["wall_s"], f"{args.nproc}proc": b["wall_s"]},

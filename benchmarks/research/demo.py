@@ -170,22 +170,31 @@ class _CorpusRouter:
         return self._env.step(action)
 
 
-def demo_test_sets(artifacts: Any, config: DemoConfig) -> dict[str, tuple[list[QATask], Any]]:
+def demo_test_sets(
+    artifacts: Any,
+    config: DemoConfig,
+    *,
+    unseen_world_seeds: Sequence[int] | None = None,
+    names: Sequence[str] = TEST_SETS,
+) -> dict[str, tuple[list[QATask], Any]]:
     """Each test set's questions (each repeated once per sample) and its env factory.
 
     A set of several corpora (one per world) takes its questions equally from each, and its
-    env routes each question to its own world's index (`_CorpusRouter`).
+    env routes each question to its own world's index (`_CorpusRouter`). `unseen_world_seeds`
+    replaces the unseen set's worlds (`TaskConfig.unseen_world_seeds`); `names` picks sets.
     """
     from harness.task_sources import eval_set
 
     task = _task_config(config, artifacts)
+    if unseen_world_seeds is not None:
+        task = dataclasses.replace(task, unseen_world_seeds=tuple(unseen_world_seeds))
     sizes = {
         "unseen": (config.unseen_questions, config.unseen_samples),
         "fact_disjoint": (config.fact_disjoint_questions, config.fact_disjoint_samples),
         "decoy": (config.decoy_questions, config.decoy_samples),
     }
     sets: dict[str, tuple[list[QATask], Any]] = {}
-    for name in TEST_SETS:
+    for name in names:
         n, samples = sizes[name]
         corpora = eval_set(task, name)
         per_corpus = -(-n // len(corpora))  # equally from each world, n in all

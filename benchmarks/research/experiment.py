@@ -45,7 +45,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,9 +56,10 @@ from typing import Any, Literal
 import numpy as np
 import tyro
 
+from benchmarks.research.lr_axis import best_multiplier, check_disjoint, curve_table
 from harness.config import AllocatorSettings
 
-__all__ = ["ExperimentConfig", "RunSpec", "cli", "main", "run_specs"]
+__all__ = ["ExperimentConfig", "RunSpec", "choose_rates", "cli", "main", "run_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +131,18 @@ class ExperimentConfig:
     change theirs on top. Unchanged fields keep the run directories of earlier runs valid."""
     lr: float = 3e-4
     """Policy learning rate (the demo's)."""
+    lr_multipliers: tuple[float, ...] = (1.0,)
+    """Multipliers of `lr` at which every main-comparison run is trained (e.g. `0.25 0.5 1 2`;
+    ablations run at 1). With several, each method's is chosen by its mean EM on the validation
+    world (`validation_world_seed`), and the tables compare each method at its own rate."""
+    validation_world_seed: int = 2027
+    """The world whose questions choose each method's learning rate (with several
+    `lr_multipliers`): never trained on, and distinct from the test world and the policy's
+    training, warm-start and dev worlds."""
+    validation_questions: int = 160
+    """Questions of the validation world (0: all of them)."""
+    validation_samples: int = 1
+    """T=1 samples per validation question."""
     questions: Literal["all", "hard"] = "all"
     """Train and test on every question kind, or only the `hard` ones (3-4-hop bridges,
     comparisons, inference)."""
@@ -175,6 +188,9 @@ class ExperimentConfig:
             raise ValueError(f"eval_at={at} must increase, start >= 1 and end at steps")
         if self.workers < 1:
             raise ValueError(f"workers={self.workers}: must be >= 1")
+        rates = self.lr_multipliers
+        if not rates or min(rates) <= 0 or len(set(rates)) != len(rates):
+            raise ValueError(f"--lr-multipliers {rates}: give distinct positive numbers")
 
     def resolved(self) -> ExperimentConfig:
         """The configuration actually run (`quick` applied)."""
@@ -216,6 +232,7 @@ class RunSpec:
         per_step: Budget per step in `series` units; None for the token budget, which is
             known once the start policy has been measured.
         predictor: `mlp` or `constant`.
+        lr_multiplier: The run's learning rate over the experiment's `lr`.
     """
 
     group: Literal["main", "stages", "budget", "predictor"]
@@ -225,11 +242,20 @@ class RunSpec:
     alloc: tuple[tuple[str, Any], ...]
     per_step: int | None
     predictor: Literal["mlp", "constant"] = "mlp"
+    lr_multiplier: float = 1.0
 
     @property
     def run_id(self) -> str:
-        """The run's directory name under `out_dir`."""
-        return f"{self.group}-{self.series}-{self.label}-s{self.seed}"
+        """The run's directory name under `out_dir` (at multiplier 1, the name it always had)."""
+        rate = "" if self.lr_multiplier == 1.0 else f"-lr{self.lr_multiplier:g}"
+        return f"{self.group}-{self.series}-{self.label}-s{self.seed}{rate}"
+
+    def key(self) -> dict[str, Any]:
+        """The spec as a run's cache key holds it (at multiplier 1, the key it always had)."""
+        fields = dataclasses.asdict(self)
+        if self.lr_multiplier == 1.0:
+            del fields["lr_multiplier"]
+        return fields
 
 
 def run_specs(config: ExperimentConfig) -> list[RunSpec]:
@@ -245,7 +271,10 @@ def run_specs(config: ExperimentConfig) -> list[RunSpec]:
         for method in methods:
             for seed in config.seeds if method in HEADLINE else ablation_seeds:
                 alloc = _alloc(config, method)
-                specs.append(RunSpec("main", method, currency, seed, alloc, per_step))
+                for rate in config.lr_multipliers:
+                    specs.append(
+                        RunSpec("main", method, currency, seed, alloc, per_step, lr_multiplier=rate)
+                    )
     for seed in ablation_seeds:
         if config.stage_ablation:
             for s1, s2 in (("uniform", "uniform"), ("uniform", "active"), ("active", "uniform")):
@@ -360,6 +389,64 @@ def _test_sets(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any,
     }
 
 
+def _validation_set(config: ExperimentConfig, artifacts: Any) -> dict[str, tuple[Any, Any, int]]:
+    """The validation set that chooses each method's learning rate: a world of its own."""
+    from envs import World
+    from retrieval.bm25 import BM25Retriever
+
+    world = World.generate(config.validation_world_seed, artifacts.config.world)
+    tasks = [t for t in world.tasks if _keep(config, t)]
+    if config.validation_questions:
+        tasks = tasks[: config.validation_questions]
+    retriever = BM25Retriever.build(world.documents)
+    env = artifacts.config.env
+    return {
+        "validation": (
+            lambda: env.make_env(world.tasks, retriever),
+            tasks,
+            config.validation_samples,
+        )
+    }
+
+
+def _check_validation_disjoint(config: ExperimentConfig, artifacts: Any) -> None:
+    """The validation world must be no world the policy or a test set has seen or uses.
+
+    Raises:
+        ValueError: the validation world's seed is another set's world, or one of its
+            questions is also a test question.
+    """
+    policy = artifacts.config
+    first = policy.demos.first_world_seed
+    demos = range(first, first + policy.demos.n_worlds)
+    check_disjoint(
+        [config.validation_world_seed],
+        {
+            "test world (--test-world-seed)": [config.test_world_seed],
+            "training world": [policy.world_seed],
+            "warm start's demo and dev worlds": [*demos, policy.eval.dev_world_seed],
+        },
+        what="--validation-world-seed",
+    )
+    validation = _validation_set(config, artifacts)["validation"][1]
+    check_disjoint(
+        [t.question for t in validation],
+        {f"{name} test set": [t.question for t in tasks]
+         for name, (_, tasks, _) in _test_sets(config, artifacts).items()},
+        what=f"--validation-world-seed {config.validation_world_seed} (questions)",
+    )  # fmt: skip
+
+
+def _validation_key(config: ExperimentConfig) -> dict[str, Any]:
+    return {
+        "questions": config.questions,
+        "validation_world_seed": config.validation_world_seed,
+        "validation_questions": config.validation_questions,
+        "validation_samples": config.validation_samples,
+        "eval_seed": config.eval_seed,
+    }
+
+
 def _evaluate(
     policy_dir: Path,
     label: str,
@@ -400,6 +487,8 @@ def _start(config: ExperimentConfig, policy_config: Any) -> tuple[_Context, dict
     artifacts = init_model(
         policy_config or TinyPolicyConfig(), config.policy_run_dir, progress=config.progress
     )
+    if len(config.lr_multipliers) > 1:
+        _check_validation_disjoint(config, artifacts)
     path = config.out_dir / "start_eval.json"
     key = {"policy": artifacts.config_hash, "eval": _eval_key(config)}
     cached = _read_json(path)
@@ -505,13 +594,13 @@ def _train_config(
             max_total_tokens=artifacts.config.model.max_positions,
         ),
         predictor=PredictorConfig(kind=spec.predictor),
-        optim=OptimConfig(lr=config.lr),
+        optim=OptimConfig(lr=config.lr * spec.lr_multiplier),
     )
 
 
 def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     """Train one run segment by segment, evaluating after each; resumes whatever is done."""
-    from harness.checkpoint import latest_checkpoint
+    from harness.checkpoint import latest_checkpoint, policy_distance
     from harness.metrics_log import read_metrics
     from harness.tiny_policy.pipeline import load_artifacts
     from harness.trainer import train
@@ -519,7 +608,7 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     config = context.config
     run_dir = config.out_dir / spec.run_id
     evals_path = run_dir / "experiment_evals.json"
-    key = {"spec": dataclasses.asdict(spec), "tokens_per_step": context.tokens_for(spec.seed),
+    key = {"spec": spec.key(), "tokens_per_step": context.tokens_for(spec.seed),
            "eval": _eval_key(config), "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
     if config.continue_from is not None:
         key["start_policy"] = str(context.policy_for(spec.seed))
@@ -551,10 +640,25 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
         policy = run_dir / "policy"
         record["evals"][str(at)] = _evaluate(policy, spec.run_id, config, artifacts, test_sets)
         _write_json(evals_path, record)
+    validation_em = None
+    if spec.group == "main" and len(config.lr_multipliers) > 1:  # the rate is chosen on it
+        validation_key = json.loads(json.dumps(_validation_key(config)))
+        validated = record.get("validation") or {}
+        if validated.get("key") != validation_key:
+            evaluated = _evaluate(
+                run_dir / "policy", spec.run_id, config, artifacts,
+                _validation_set(config, artifacts),
+            )  # fmt: skip
+            validated = {"key": validation_key, "eval": evaluated["validation"]}
+            record["validation"] = validated
+            _write_json(evals_path, record)
+        validation_em = validated["eval"]["em"]
     metrics = [r for r in read_metrics(run_dir) if "rollout/effective_ratio" in r]
     start = context.start_by_seed.get(spec.seed)
+    displacement = policy_distance(context.policy_for(spec.seed), run_dir / "policy")
     return {"spec": spec, "evals": record["evals"], "metrics": metrics,
-            "start_em": None if start is None else start["heldout"]["em"]}  # fmt: skip
+            "start_em": None if start is None else start["heldout"]["em"],
+            "validation_em": validation_em, "displacement": displacement}  # fmt: skip
 
 
 def _checkpoint_step(checkpoint: Path | None) -> int:
@@ -606,6 +710,11 @@ def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
 
     final = metrics[-1] if metrics else {}
     evals = result["evals"]
+    # a record from before the count was logged: this trainer steps once per step with signal
+    # (the experiment's ppo_epochs is 1), so its count is exact
+    taken = [int(r.get("policy/optimizer_steps", 1 if r.get("policy/n_train_leaves") else 0))
+             for r in metrics]  # fmt: skip
+    norms = [float(r["policy/update_norm"]) for r in metrics if r.get("policy/optimizer_steps")]
     first8 = [v for v in series("rollout/effective_ratio")[:8] if math.isfinite(v)]
     return {
         "start_em": result.get("start_em"),
@@ -614,6 +723,10 @@ def _run_summary(result: dict[str, Any], last: int) -> dict[str, Any]:
         "fresh_em": evals[str(last)]["fresh_world"]["em"],
         "fresh_f1": evals[str(last)]["fresh_world"]["f1"],
         "evals": evals,
+        "validation_em": result.get("validation_em"),
+        "optimizer_steps": sum(taken) if metrics else None,
+        "update_norm": sum(norms) / len(norms) if norms else None,
+        "displacement": result.get("displacement"),
         "effective_ratio": mean("rollout/effective_ratio"),
         "effective_ratio_by_step": series("rollout/effective_ratio"),
         "effective_ratio_first8": sum(first8) / len(first8) if first8 else None,
@@ -655,13 +768,49 @@ def _aggregate(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         grouped.setdefault(summary["cell"], []).append(summary)
     cells: dict[str, dict[str, Any]] = {}
     for cell, members in sorted(grouped.items()):
-        keys = ("em", "f1", "fresh_em", "fresh_f1", "effective_ratio", "mixed_anchors",
+        keys = ("em", "f1", "fresh_em", "fresh_f1", "validation_em", "optimizer_steps",
+                "update_norm", "displacement", "effective_ratio", "mixed_anchors",
                 "mixed_prefix_anchors", "brier", "auc", "auc_root", "signal_leaves",
                 "rollout_accuracy", "total_leaves", "total_tokens",
                 "total_tool_calls", "wall_s", *HEALTH)  # fmt: skip
         cells[cell] = {k: _mean_std([m.get(k) for m in members]) for k in keys}
         cells[cell]["seeds"] = sorted(m["seed"] for m in members)
     return cells
+
+
+def validation_curves(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[float, list[float]]]:
+    """`series/method` -> learning-rate multiplier -> each seed's validation EM (main runs).
+
+    Raises:
+        ValueError: a method trained at several rates lacks a run's validation EM (a run read
+            back with `--reuse-from` was never evaluated on the validation world).
+    """
+    curves: dict[str, dict[float, list[Any]]] = {}
+    for s in runs.values():
+        if s["group"] == "main":
+            rate = float(s.get("lr_multiplier", 1.0))
+            curves.setdefault(f"{s['series']}/{s['label']}", {}).setdefault(rate, [])
+            curves[f"{s['series']}/{s['label']}"][rate].append(s.get("validation_em"))
+    for cell, curve in curves.items():
+        missing = [rate for rate, ems in curve.items() if any(em is None for em in ems)]
+        if len(curve) > 1 and missing:
+            raise ValueError(
+                f"{cell} at lr x{missing[0]:g} has a run without validation EM (read back with "
+                "--reuse-from?): train it here to choose its learning rate"
+            )
+    return curves
+
+
+def choose_rates(runs: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """Each main method's learning-rate multiplier per series, on validation EM only.
+
+    A method trained at one rate keeps it; otherwise `lr_axis.best_multiplier` of its
+    validation curve (test-set results never enter).
+    """
+    return {
+        cell: next(iter(curve)) if len(curve) == 1 else best_multiplier(curve)
+        for cell, curve in validation_curves(runs).items()
+    }
 
 
 def _paired(runs: dict[str, dict[str, Any]], series: str, method: str) -> dict[str, Any] | None:
@@ -857,13 +1006,16 @@ def _markdown(result: dict[str, Any], command: str) -> str:
         "",
     ]
     header = (
-        "| method | held-out EM | held-out F1 | fresh-world EM | effective ratio | "
+        "| method | held-out EM | held-out F1 | fresh-world EM | optimizer steps | "
+        "‖Δθ‖/update | ‖θ_end − θ_start‖ | effective ratio | "
         "contrast/leaf | flips/cont. | max leaves/tree | top-tree share | eff. trees | "
         "max abs A | grad-norm p90 | log-prob gap | mixed anchors/step | "
         "signal leaves/step | rollout acc. | Brier | root AUC | leaves | tokens | tool calls | "
         "wall s |"
     )
-    rule = "|---" * 22 + "|"
+    rule = "|---" * 25 + "|"
+    rates = result["lr_multipliers"]["chosen"]
+    several = len(c["lr_multipliers"]) > 1
     groups = (("main", "leaves"), ("main", "tokens"), ("stages", "leaves"),
               ("budget", "leaves"), ("predictor", "leaves"))  # fmt: skip
     titles = {
@@ -882,9 +1034,13 @@ def _markdown(result: dict[str, Any], command: str) -> str:
             continue
         lines += [f"**{titles[(group, series)]}**", "", header, rule]
         for label, cell in rows:
+            rate = rates.get(f"{series}/{label}") if group == "main" and several else None
+            shown = label if rate is None else f"{label} (lr ×{rate:g})"
             lines.append(
-                f"| {label} | {_fmt(cell['em'])} | {_fmt(cell['f1'])} | "
-                f"{_fmt(cell['fresh_em'])} | {_fmt(cell['effective_ratio'], 1, 3)} | "
+                f"| {shown} | {_fmt(cell['em'])} | {_fmt(cell['f1'])} | "
+                f"{_fmt(cell['fresh_em'])} | {_fmt(cell['optimizer_steps'], 1, 1)} | "
+                f"{_fmt(cell['update_norm'], 1, 3)} | {_fmt(cell['displacement'], 1, 3)} | "
+                f"{_fmt(cell['effective_ratio'], 1, 3)} | "
                 f"{_fmt(cell['reward_var_per_leaf'], 1, 3)} | "
                 f"{_fmt(cell['flips_per_continuation'], 1, 2)} | "
                 f"{_fmt(cell['max_leaves_per_tree'], 1, 0)} | "
@@ -899,6 +1055,21 @@ def _markdown(result: dict[str, Any], command: str) -> str:
                 f"{cell['wall_s']['mean']:.0f} |"
             )
         lines.append("")
+    if several:
+        lines += [f"**Learning rate: validation curve** (mean EM in points over seeds on the "
+                  f"{c['validation_questions'] or 'all'} questions x {c['validation_samples']} of "
+                  f"validation world {c['validation_world_seed']}, by multiplier of lr {c['lr']}; "
+                  "bold: the rate each method is compared at above, chosen on this set only)",
+                  ""]  # fmt: skip
+        for series in ("leaves", "tokens"):
+            curves = {
+                k.split("/", 1)[1]: {float(m): v for m, v in curve.items()}
+                for k, curve in result["lr_multipliers"]["validation"].items()
+                if k.startswith(f"{series}/")
+            }
+            if curves:
+                chosen = {k.split("/", 1)[1]: v for k, v in rates.items() if k.startswith(series)}
+                lines += [f"Budget in {series}:", "", curve_table(curves, chosen=chosen), ""]
     paired = result["paired"]
     if paired:
         lines += ["**Paired differences against GRPO (`uniform`), same seed; held-out EM "
@@ -1023,7 +1194,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         summary = _run_summary(result, config.eval_at[-1])
         cell = f"{spec.group}/{spec.series}/{spec.label}"
         summary |= {"group": spec.group, "series": spec.series, "label": spec.label,
-                    "seed": spec.seed, "cell": cell}  # fmt: skip
+                    "seed": spec.seed, "cell": cell,
+                    "lr_multiplier": spec.lr_multiplier}  # fmt: skip
         runs[spec.run_id] = summary
         bar.set_postfix_str(f"{spec.run_id}: EM {summary['em']:.3f}")
         bar.update(1)
@@ -1036,6 +1208,15 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         bar.update(1)
     _run_all([s for s in specs if s.run_id not in recorded], context, on_done)
     bar.close()
+    all_runs = runs
+    rates = choose_rates(all_runs)
+    # from here on, each method at its own chosen rate
+    runs = {
+        k: v
+        for k, v in all_runs.items()
+        if v["group"] != "main"
+        or v.get("lr_multiplier", 1.0) == rates[f"{v['series']}/{v['label']}"]
+    }
     cells = _aggregate(runs)
     start_em = float(start_eval["heldout"]["em"])
     paired_tokens = {
@@ -1073,10 +1254,13 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         "paired": paired,
         "paired_tokens": paired_tokens,
         "tokens_to_grpo_final": tokens_to_grpo_final,
-        "runs": runs,
+        "runs": all_runs,
         "wall_s": time.perf_counter() - started,
         "files": {k: str(v) for k, v in files.items()},
-        "summary": _summary(runs, config),
+        "summary": _summary(runs, config) | {"lr_multiplier": rates},
+        "lr_multipliers": {"chosen": rates, "validation": validation_curves(all_runs)}
+        if len(config.lr_multipliers) > 1
+        else {"chosen": rates},
         "accuracy": {m: c["em"] for m, c in main_leaves.items()},
         "f1": {m: c["f1"] for m, c in main_leaves.items()},
         "effective_ratio": {m: c["effective_ratio"]["mean"] for m, c in main_leaves.items()},

@@ -66,6 +66,11 @@ class TreeTrainConfig:
     engine_timeout_s: float = 600.0
     """A turn's generate requests must all finish within this, or the step fails with a clear
     error (a hung vLLM engine would otherwise block the controller forever)."""
+    update_norm: bool = False
+    """Log ‖θ_after − θ_before‖ of every tree step (`policy/update_norm`). Each rank copies its
+    share of the weights to host memory before the step (about 2 GB per rank for an 8B model in
+    bf16 over 8 ranks) and the ranks all-reduce the squared changes, so it is opt-in. The
+    optimizer steps taken (`policy/optimizer_steps`) are always logged."""
     check_only: bool = False
     """Parse and check every flag (ours and OpenRLHF's), print the run's size, start nothing."""
     rehearse_steps: int = 0

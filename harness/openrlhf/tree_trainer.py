@@ -151,6 +151,12 @@ class TreePPOTrainerBase(BasePPOTrainer):
         self.metrics = MetricsLog(
             self.config.run_dir, tensorboard=False, resume_step=global_step or None
         )
+        if self.config.update_norm:  # the actors copy their share of the weights every step
+            ray.get(
+                self.actor_model_group.async_run_method(
+                    method_name="measure_update_norm", enabled=True
+                )
+            )
         log.info(
             "tree PPO: %d prompts per step, %s budget %d per step, %d max optimizer steps",
             args.rollout.batch_size,

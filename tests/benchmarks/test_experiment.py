@@ -11,6 +11,7 @@ import tyro
 
 from benchmarks.research import experiment
 from benchmarks.research.experiment import ExperimentConfig, RunSpec, main, run_specs
+from benchmarks.research.lr_axis import best_multiplier
 from harness.metrics_log import read_metrics
 
 pytest.importorskip("openrlhf")
@@ -168,6 +169,27 @@ def test_experiment_runs_every_cell_writes_results_and_resumes(tmp_path, tiny_re
     assert (
         second["runs"]["main-leaves-uniform-s0"]["evals"] == runs["main-leaves-uniform-s0"]["evals"]
     )
+    for summary in first["runs"].values():  # movement beside EM
+        assert summary["optimizer_steps"] >= 0 and summary["displacement"] >= 0
+    assert "‖θ_end − θ_start‖" in section
+
+    # The learning-rate axis: the x1 runs above are read back (their ids and keys unchanged),
+    # only the x2 runs train, and each method is compared at the rate validation chose.
+    axis = dataclasses.replace(
+        config, token_series=False, lr_multipliers=(1.0, 2.0), validation_questions=4
+    )
+    third = main(axis, recipe)
+    assert {r: (config.out_dir / r / "metrics.jsonl").stat().st_mtime_ns for r in runs} == trained
+    assert {"main-leaves-trace-s0-lr2", "main-leaves-uniform-s0-lr2"} <= set(third["runs"])
+    curves = third["lr_multipliers"]["validation"]
+    assert set(curves) == {"leaves/trace", "leaves/uniform"}
+    for cell, chosen in third["lr_multipliers"]["chosen"].items():
+        assert chosen == best_multiplier(curves[cell])
+    assert third["summary"]["lr_multiplier"] == third["lr_multipliers"]["chosen"]
+    assert "Learning rate: validation curve" in results_md.read_text()
+    with pytest.raises(ValueError, match="--validation-world-seed"):
+        main(dataclasses.replace(axis, validation_world_seed=axis.test_world_seed), recipe)
+
     with pytest.raises(ValueError, match="other settings"):  # never mixes two configurations
         main(dataclasses.replace(config, lr=1e-3), recipe)
 

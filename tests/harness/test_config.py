@@ -64,14 +64,18 @@ def test_every_field_of_every_allocator_is_a_flag_of_both_trainers(cls):
 
 
 def test_tracerl_train_sets_trace_min_per_prompt_prefer_unmixed_and_the_flip_floor():
-    # pooling is off unless asked for, and so is the flip floor (issue 20; docs/decisions.md,
-    # "Budget density and Stage 2's placement")
+    # pooling is off unless asked for; the flip floor is on, over the posterior on the tree's
+    # own outcomes (docs/decisions.md, "Stage 2's flip prediction")
     default = tyro.cli(TrainConfig, args=["--alloc.name", "trace"]).alloc.build()
-    assert default.prefer_unmixed is False and default.min_flip_prob == 0.0
+    assert default.prefer_unmixed is False
+    assert default.min_flip_prob == 0.2 and default.prefix_prior == 1.0
     argv = ["--alloc.name", "trace", "--alloc.trace.min-per-prompt", "2",
-            "--alloc.trace.prefer-unmixed", "--alloc.trace.min-flip-prob", "0.1"]  # fmt: skip
+            "--alloc.trace.prefer-unmixed", "--alloc.trace.min-flip-prob", "0.1",
+            "--alloc.trace.prefix-prior", "None"]  # fmt: skip
     config = tyro.cli(TrainConfig, args=argv)
-    assert config.alloc.build() == Trace(min_per_prompt=2, prefer_unmixed=True, min_flip_prob=0.1)
+    assert config.alloc.build() == Trace(
+        min_per_prompt=2, prefer_unmixed=True, min_flip_prob=0.1, prefix_prior=None
+    )
     assert config.alloc.uses_predictor
 
 

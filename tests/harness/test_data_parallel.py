@@ -97,6 +97,7 @@ def test_two_ranks_update_like_one_process_under_zero2_zero3_and_ddp():
         assert f["max_metric_abs_diff"] < 1e-5, (name, f)  # losses, KL, entropy: global means
         assert f["max_grad_norm_rel_diff"] < 1e-4, (name, f)  # the ranks' gradients add up
         assert f["resumed_max_weight_abs_diff"] < 1e-6, (name, f)  # every rank's ZeRO state
+        assert f["max_update_norm_rank_diff"] == 0.0, (name, f)  # ranks log one step size
 
 
 def _torchrun_train(run_dir: Path, steps: int) -> None:

@@ -62,3 +62,54 @@ def test_no_signal_gives_nan_not_a_zero_division():
     metrics = advantage_metrics([flat], [a for a in tree_advantages([flat], "grpo")
                                          if a.has_signal])  # fmt: skip
     assert all(math.isnan(v) for v in metrics.values())
+
+
+def test_flip_calibration_scores_the_allocators_flip_chances_against_realised_flips():
+    # a real Stage 2 wave through the driver: one settled tree (4 failures), one mixed (2/4),
+    # a predictor blind to them (0.9 everywhere) and the floor off, so both trees get
+    # continuations; the executor makes every continuation fail
+    import numpy as np
+
+    from harness.metrics_log import flip_calibration
+    from trace_alloc import BudgetLimit, Prompt, Trace, run_step
+
+    outcomes = {"settled": [0.0] * 4, "mixed": [1.0, 0.0, 1.0, 0.0]}
+    turn = Turn(action_text=" t", action_token_ids=(1,))
+
+    def execute(trees, requests):
+        out = []
+        for r in requests:
+            tree = trees[r.tree_index]
+            if r.node_id == 0:
+                rewards = [outcomes[tree.prompt_id].pop() for _ in range(r.n)]
+                out.append([Rollout(turns=(turn, turn), reward=x) for x in rewards])
+            else:
+                out.append([Rollout(turns=(turn,), reward=0.0) for _ in range(r.n)])
+        return out
+
+    class Blind:
+        def predict(self, histories):
+            return np.full(len(histories), 0.9)
+
+    prompts = [Prompt(prompt_id=k, text=k) for k in outcomes]
+    result = run_step(
+        Trace(explore_frac=0.0, max_per_prompt=4, prefix_prior=None, min_flip_prob=0.0),
+        prompts,
+        execute=execute,
+        budget=BudgetLimit(per_step=16),
+        rng=np.random.default_rng(0),
+        predictor=Blind(),
+    )
+    c = flip_calibration(result)
+    assert c["stage2/continuations"] == 8 and len(c["stage2/p_flip"]) == 8
+    assert c["stage2/settled_share"] == 0.5  # 4 of 8 went into the all-fail tree
+    # a failure repeats a failure: the mixed tree's successful prefixes flipped (to 0)
+    n_flips = sum(c["stage2/flipped"])
+    assert c["stage2/flips"] == n_flips and 0 < n_flips < 8
+    brier = np.mean(
+        [(p - y) ** 2 for p, y in zip(c["stage2/p_flip"], c["stage2/flipped"], strict=True)]
+    )
+    assert c["stage2/flip_brier"] == pytest.approx(brier)
+    settled = [(p, y) for p, y, s in zip(c["stage2/p_flip"], c["stage2/flipped"],
+                                         c["stage2/settled"], strict=True) if s]  # fmt: skip
+    assert settled == [(0.9, 0)] * 4  # blind: "90 % flippable", and none flipped

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from envs import World, WorldConfig
+from harness.checkpoint import policy_distance
 from harness.config import (
     AllocConfig,
     BudgetConfig,
@@ -159,6 +160,9 @@ def _grads(tiny_model, micro_batch_size: int) -> dict[str, torch.Tensor]:
         def step(self, lr):
             return 0.0
 
+        def model_state_dict(self):
+            return self.model.state_dict()
+
     losses = openrlhf_losses()
     model = tiny_model()
     config = small_config(
@@ -222,6 +226,9 @@ def test_the_loss_scores_log_probs_under_the_sampling_temperature(policy_dir, te
         def step(self, lr):
             return 0.0
 
+        def model_state_dict(self):
+            return self.model.state_dict()
+
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     model = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=torch.float32).eval()
     prompt = EpisodeCodec(tokenizer).encode_prompt("Question: where was Ann born?")
@@ -252,6 +259,27 @@ def test_no_contrast_means_no_update():
     config = small_config(Path("x"), Path("p"))
     out = update_policy(None, None, losses.PolicyLoss(), losses, [], config, pad_id=0, lr=1e-3)
     assert out["policy/n_train_leaves"] == 0
+    assert out["policy/optimizer_steps"] == 0 and out["policy/update_norm"] == 0.0
+
+
+@pytest.mark.parametrize("epochs", [1, 3])
+def test_an_update_logs_its_optimizer_steps_and_how_far_it_moved_the_weights(tiny_model, epochs):
+    from harness.checkpoint import parameter_distance
+    from harness.openrlhf_compat import openrlhf_losses
+    from harness.optimizers import TorchOptimizer
+
+    losses = openrlhf_losses()
+    model = tiny_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    config = small_config(Path("x"), Path("p"), optim=OptimConfig(lr=1e-2, ppo_epochs=epochs))
+    out = update_policy(
+        TorchOptimizer(model, lr=1e-2), None, losses.PolicyLoss(), losses, _leaves(), config,
+        pad_id=0, lr=1e-2,
+    )  # fmt: skip
+    after = {n: p.detach() for n, p in model.named_parameters()}
+    assert out["policy/optimizer_steps"] == epochs
+    assert out["policy/update_norm"] > 0
+    assert out["policy/update_norm"] == pytest.approx(parameter_distance(before, after), rel=1e-9)
 
 
 # --- whole runs ---------------------------------------------------------------------------------
@@ -267,6 +295,8 @@ KEYS = {
     "advantage/top_tree_share",
     "advantage/effective_trees",
     "policy/grad_norm",
+    "policy/optimizer_steps",  # movement (issue 30)
+    "policy/update_norm",
     "policy/rollout_logprob_gap",
     "rollout/mixed_anchors",
     "rollout/response_length",
@@ -308,6 +338,12 @@ def test_a_short_run_logs_every_metric_checkpoints_and_plots(tmp_path, policy_di
     assert summary.totals["leaves"] == 32
     assert summary.totals["tokens"] == sum(r["budget/tokens"] for r in records[1:])
     assert (summary.policy_dir / "config.json").exists()
+    steps_taken = sum(r["policy/optimizer_steps"] for r in records[1:])
+    assert summary.movement["policy/optimizer_steps_total"] == steps_taken > 0
+    assert summary.movement["policy/displacement"] == pytest.approx(
+        policy_distance(policy_dir, summary.policy_dir), rel=1e-6
+    )
+    assert summary.movement["policy/displacement"] > 0
     assert (config.run_dir / "checkpoints" / "step_000002" / "model.pt").exists()
     assert list((config.run_dir / "tensorboard").iterdir())
     assert len(list((config.run_dir / "trees").glob("*.jsonl"))) == 2
@@ -450,6 +486,13 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir)
         for key in ("loss/policy", "predictor/brier", "policy/entropy"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), (a["step"], key)
     assert straight.steps == steps
+    # a resumed run's movement is the whole run's, not the part after the resume
+    moved = json.loads((killed_dir / "summary.json").read_text())["movement"]
+    total = "policy/optimizer_steps_total"
+    assert moved[total] == straight.movement[total]
+    assert moved["policy/displacement"] == pytest.approx(
+        straight.movement["policy/displacement"], rel=1e-4
+    )
     resumed_state = torch.load(killed_dir / "checkpoints" / "step_000004" / "model.pt")
     straight_state = torch.load(straight_dir / "checkpoints" / "step_000004" / "model.pt")
     for name, tensor in straight_state.items():
@@ -468,6 +511,8 @@ def test_one_deepspeed_zero_step_trains_like_torch(tmp_path, policy_dir, stage):
     assert a["data/pool"] == b["data/pool"] and a["rollout/reward"] == b["rollout/reward"]
     assert b["loss/policy"] == pytest.approx(a["loss/policy"], rel=1e-5)
     assert b["policy/grad_norm"] == pytest.approx(a["policy/grad_norm"], rel=1e-4)
+    assert b["policy/optimizer_steps"] == a["policy/optimizer_steps"] == 1
+    assert b["policy/update_norm"] == pytest.approx(a["policy/update_norm"], rel=1e-4)
     ours = torch.load(tmp_path / "zero" / "checkpoints" / "step_000001" / "model.pt")
     theirs = torch.load(tmp_path / "torch" / "checkpoints" / "step_000001" / "model.pt")
     for name, tensor in theirs.items():

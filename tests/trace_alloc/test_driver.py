@@ -26,6 +26,10 @@ from trace_alloc import (
 
 
 def step(name, *, budget=None, pool=40, seed=0, n_turns=3, carry=0.0, **cfg):
+    if name == "trace":
+        # the placement mechanics, on the predictor alone; the flip floor and the posterior
+        # on the tree's own outcomes (the defaults) have tests of their own
+        cfg = {"min_flip_prob": 0.0, "prefix_prior": None, **cfg}
     budget = budget or BudgetLimit(per_step=64)
     prompts, p = make_pool(pool, seed)
     engine = MartingaleExecutor(p, seed=seed, n_turns=n_turns)
@@ -82,6 +86,18 @@ def test_leaf_budget_is_never_exceeded_and_spent_when_feasible(name, per_step, p
         # none, so the roots take it up to their caps
         expected = min(per_step, (2 if n_turns > 1 else 1) * 16 * pool)
         assert result.spent.n_leaves == expected
+        # with the defaults' flip floor, a settled tree's share goes to its roots, never past
+        # their cap, so a small pool may leave budget unspent
+        floored, _ = step(
+            name,
+            budget=BudgetLimit(per_step=per_step),
+            pool=pool,
+            n_turns=n_turns,
+            seed=seed,
+            min_flip_prob=Trace.min_flip_prob,
+            prefix_prior=Trace.prefix_prior,
+        )
+        assert min(per_step, 16 * pool) <= floored.spent.n_leaves <= expected
 
 
 def test_trace_is_within_caps_and_gives_each_prompt_m_times_n_continuations():
@@ -430,3 +446,58 @@ def test_placement_check_rejects_a_plan_over_a_trees_share():
     over = [RolloutRequest(tree_index=tree_index, node_id=prefix, n=m + 1)]
     with pytest.raises(AllocError, match="placement invariant"):
         check_placement(result.trees, over, 1)
+
+
+def _bare_forest() -> list:
+    """Two trees of 4 two-turn bare rollouts: one all failed (settled), one 2/4 (mixed)."""
+    from trace_alloc import Rollout, RolloutTree, Turn
+
+    turn = Turn(action_text=" t", action_token_ids=(1,))
+    trees = []
+    for name, rewards in (("settled", (0, 0, 0, 0)), ("mixed", (1, 0, 1, 0))):
+        tree = RolloutTree(prompt_id=name, prompt_text=name)
+        for r in rewards:
+            tree.add_rollout(0, Rollout(turns=(turn, turn), reward=float(r)))
+        trees.append(tree)
+    return trees
+
+
+def _ask(trace: Trace, trees: list) -> list[RolloutRequest]:
+    from trace_alloc import AllocView
+
+    view = AllocView(trees=trees, wave=1, currency="leaves", remaining=8.0, leaves_left=8)
+    plan = trace.ask(view, predictor=FixedPredictor(default=0.9), rng=np.random.default_rng(0))
+    return list(plan.requests)
+
+
+def test_trace_conditions_prefixes_on_their_trees_bare_outcomes():
+    # the predictor says 0.9 everywhere: blind to its tree, every failed prefix looks 90 %
+    # flippable; conditioned on 0 of 4 bare successes, V = (1 · 0.9 + 0) / 5 = 0.18
+    requests = _ask(Trace(explore_frac=0.0), _bare_forest())
+    continuations = [r for r in requests if r.node_id != 0]
+    assert {r.tree_index for r in continuations} == {1}  # the mixed tree only
+    assert sum(r.n for r in continuations) == 4  # its own m_i N, never the settled tree's
+    assert sum(r.n for r in requests if r.node_id == 0) == 4  # the settled tree's share: roots
+    # V = (0.9 + 2) / 5 = 0.58: a failed prefix flips w.p. 0.58, a successful one 0.42
+    assert {round(r.p_flip, 6) for r in continuations} <= {0.58, 0.42}
+    blind = _ask(Trace(explore_frac=0.0, prefix_prior=None, min_flip_prob=0.0), _bare_forest())
+    assert {r.tree_index for r in blind if r.node_id != 0} == {0, 1}
+    settled = [r for r in blind if r.node_id != 0 and r.tree_index == 0]
+    assert {round(r.p_flip, 6) for r in settled} == {0.9}
+
+
+def test_trace_tree_own_rate_alone_keeps_continuations_in_mixed_trees():
+    # k = 0 (the cheapest control): a settled tree's prefixes cannot flip at all
+    requests = _ask(Trace(explore_frac=0.0, prefix_prior=0.0, p_clip=0.0), _bare_forest())
+    assert {r.tree_index for r in requests if r.node_id != 0} == {1}
+    assert {r.p_flip for r in requests if r.node_id != 0} == {0.5}
+    with pytest.raises(ValueError, match="prefix_prior"):
+        Trace(prefix_prior=-1.0)
+
+
+def test_random_placement_is_scored_but_not_floored():
+    # stage2="uniform" places on random prefixes of every tree, and logs their flip chances
+    requests = _ask(Trace(explore_frac=0.0, stage2="uniform"), _bare_forest())
+    continuations = [r for r in requests if r.node_id != 0]
+    assert {r.tree_index for r in continuations} == {0, 1}
+    assert all(r.p_flip is not None for r in continuations)
