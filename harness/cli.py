@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import tyro
+
+from harness.doctor import Target
 
 __all__ = ["COMMANDS", "main"]
 
@@ -49,6 +52,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "init-model": ("harness.cli:init_model", "train the tokenizer and warm-start the tiny policy"),
     "train": ("harness.cli:train", "RL training with tree rollouts (CPU, or --backend openrlhf)"),
     "plot": ("harness.cli:plot", "plot the curves of a training run"),
+    "doctor": (
+        "harness.cli:doctor",
+        "check the machine, toolchain and a run's layout before a GPU run (--json)",
+    ),
 }
 
 log = logging.getLogger("tracerl")
@@ -172,6 +179,30 @@ def plot(argv: list[str]) -> int:
     path = plot_run(config.run_dir, config.out)
     print(path)
     return 0
+
+
+@dataclasses.dataclass(frozen=True)
+class DoctorConfig:
+    """`tracerl doctor`: check this machine, its toolchain and a run's layout (docs/openrlhf.md)."""
+
+    target: tyro.conf.OmitArgPrefixes[Target] = dataclasses.field(default_factory=Target)
+    json: bool = False
+    """Print one JSON object instead of lines."""
+
+
+def doctor(argv: list[str]) -> int:
+    """`tracerl doctor`: one line per check, each failure with its fix; exit 1 on a failure."""
+    from harness.doctor import Probes, format_report, run_checks
+
+    config = tyro.cli(DoctorConfig, args=argv, prog="tracerl doctor")
+    checks = run_checks(Probes.local(), config.target)
+    failed = any(c.status == "fail" for c in checks)
+    if config.json:
+        rows = [dataclasses.asdict(c) for c in checks]
+        print(json.dumps({"ok": not failed, "checks": rows}, indent=2))
+    else:
+        print(format_report(checks))
+    return 1 if failed else 0
 
 
 def init_model(argv: list[str]) -> int:

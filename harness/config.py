@@ -44,6 +44,7 @@ from trace_alloc import (
 
 __all__ = [
     "CONFIG_FILE",
+    "AbortConfig",
     "AllocConfig",
     "AllocatorSettings",
     "BudgetConfig",
@@ -354,6 +355,24 @@ class EvalConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AbortConfig:
+    """When a run stops itself instead of training on nothing (`harness.run_guard`)."""
+
+    failed_share: float = 0.5
+    """A step is failed when more than this share of its episodes a fault ended (the retriever
+    did not answer): such episodes are left out of training."""
+    steps: int = 3
+    """Abort after this many failed steps in a row, with the cause in one line (0: never)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.failed_share < 1.0 or self.steps < 0:
+            raise ValueError(
+                f"--abort.failed-share {self.failed_share} must lie in [0, 1) and "
+                f"--abort.steps {self.steps} be >= 0"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """`tracerl train`: RL with tree rollouts on CPU (transformers backend)."""
 
@@ -385,6 +404,7 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    abort: AbortConfig = field(default_factory=AbortConfig)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.checkpoint_every < 1:

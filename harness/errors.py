@@ -13,6 +13,7 @@ __all__ = [
     "RankMismatchError",
     "ResumeError",
     "RolloutError",
+    "RunAborted",
 ]
 
 
@@ -54,3 +55,7 @@ class BackendUnavailable(HarnessError, ImportError):
 
 class RankMismatchError(HarnessError, RuntimeError):
     """State that must be the same on every rank is not (a bug, or a nondeterministic input)."""
+
+
+class RunAborted(HarnessError, RuntimeError):
+    """A run stopped itself: too many of its episodes failed step after step (a dead retriever)."""

@@ -75,6 +75,7 @@ from harness.errors import HarnessError, ResumeError
 from harness.metrics_log import MetricsLog, advantage_metrics, read_metrics, rollout_metrics
 from harness.openrlhf_compat import openrlhf_losses
 from harness.optimizers import DeepSpeedOptimizer, make_optimizer
+from harness.run_guard import FailureStreak, check_retriever, failure_cause
 from harness.task_sources import Tasks, WorldStream, build_tasks
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE
 from trace_alloc import (
@@ -239,6 +240,7 @@ def train(config: TrainConfig) -> TrainSummary:
             resume_step=progress.step if config.resume else None,
         )
     _log_size(run, progress)
+    streak = FailureStreak(config.abort)
 
     last: dict[str, Any] = {}
     if config.eval.every and progress.step == 0 and metrics_log is not None:
@@ -257,6 +259,9 @@ def train(config: TrainConfig) -> TrainSummary:
             record |= _evaluate(run, step)
         if metrics_log is not None:
             metrics_log.write(step, record)
+        # every rank sees the same trees, so every rank aborts at the same step
+        retriever = getattr(run.engine.env.unwrapped, "retriever", None)
+        streak.observe(step, record, cause=failure_cause(retriever))
         last = {"step": step, **record}
         if config.save_trees_every and step % config.save_trees_every == 0 and run.ranks.is_main:
             _save_trees(config.run_dir, step, result)
@@ -327,6 +332,7 @@ def set_up(config: TrainConfig) -> Run:
         )
     # a stream swaps in each step's world; other sources keep this one env for the whole run
     first = tasks.train.corpus(1) if isinstance(tasks.train, WorldStream) else tasks.train
+    check_retriever(first.retriever)  # a wrong URL stops here, not after steps of nothing
     checkpoint = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
     if checkpoint is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions it
         model.load_state_dict(checkpoint.model)

@@ -9,6 +9,9 @@ Retry policy (the one place retries live, STYLE §2.4): a connection error, a ti
 a 429 is retried up to `max_attempts` attempts in all, sleeping
 `min(max_backoff_s, backoff_s · 2^attempt)` scaled by a random factor in [0.5, 1] between
 attempts; then `RetrieverUnavailable` names the URL, the attempt count and the last cause.
+A circuit breaker stops a dead or hung server from costing every later call its deadline: once
+a call ends in `RetrieverUnavailable`, the calls of the next `breaker_s` seconds fail at once
+with that cause (then one call tries again; a success closes the circuit).
 An overall deadline bounds one call on top of that: the earlier of `deadline_s` (per call)
 and an enclosing `retrieval.deadline` block (an env step opens one). Each attempt ends by
 `timeout_s` of wall-clock time and by the call's deadline, whatever the server does: every
@@ -27,6 +30,7 @@ without a request, as the local indexes give none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -34,7 +38,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import AsyncIterable, Iterable, Sequence
+from collections.abc import AsyncIterable, Iterable, Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -92,6 +96,8 @@ class HTTPRetriever:
             request) or `"gem"` (GEM's mosec server: one query per msgpack request).
         max_doc_bytes: the most bytes one hit may take in a response, its JSON included; a
             response to `q` queries at `k` is refused past `q * k * max_doc_bytes + 64 KiB`.
+        breaker_s: after a call finds the server unavailable, how long later `search` calls
+            fail at once with the same cause instead of waiting their own deadline (0: never).
 
     >>> r = HTTPRetriever("http://127.0.0.1:8000", index_id="bm25-0123456789abcdef")
     >>> r.search(["", "   "], k=3)  # empty queries never reach the server
@@ -114,6 +120,7 @@ class HTTPRetriever:
         deadline_s: float | None = None,
         protocol: Protocol = "search-r1",
         max_doc_bytes: int = 65_536,
+        breaker_s: float = 30.0,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
@@ -137,6 +144,8 @@ class HTTPRetriever:
             )
         if deadline_s is not None and deadline_s <= 0:
             raise ValueError(f"deadline_s must be positive or None, got {deadline_s}")
+        if breaker_s < 0:
+            raise ValueError(f"breaker_s must be >= 0, got {breaker_s}")
         self._url = url.rstrip("/")
         self._source = f"POST {self._url}/retrieve"
         self._timeout_s = timeout_s
@@ -151,6 +160,9 @@ class HTTPRetriever:
         self._max_backoff_s = max_backoff_s
         self._protocol: Protocol = protocol
         self._max_doc_bytes = max_doc_bytes
+        self._breaker_s = breaker_s
+        self._open_until = 0.0  # time.monotonic() before which calls fail at once
+        self._last_failure = ""  # why the last call found the server unavailable
         # the peers' servers take one query per request
         self._max_batch_queries = max_batch_queries if protocol == "search-r1" else 1
         self._max_hits_per_request = max_hits_per_request
@@ -167,6 +179,11 @@ class HTTPRetriever:
     def url(self) -> str:
         """The server's base URL."""
         return self._url
+
+    @property
+    def last_failure(self) -> str:
+        """Why the last search found the server unavailable; '' once a search succeeds."""
+        return self._last_failure
 
     @property
     def index_id(self) -> str:
@@ -246,11 +263,12 @@ class HTTPRetriever:
         sent = [q for q in queries if q.strip()]
         rows: list[list[Hit]] = []
         step = self._batch_size(k)
-        for start in range(0, len(sent), step):
-            chunk = sent[start : start + step]
-            body = encode_request(chunk, k, self._protocol)
-            content = self._with_retries("POST", "/retrieve", body, end, self._cap(chunk, k))
-            rows += parse_response(content, len(chunk), self._protocol, source=self._source)
+        with self._breaker(bool(sent)):
+            for start in range(0, len(sent), step):
+                chunk = sent[start : start + step]
+                body = encode_request(chunk, k, self._protocol)
+                content = self._with_retries("POST", "/retrieve", body, end, self._cap(chunk, k))
+                rows += parse_response(content, len(chunk), self._protocol, source=self._source)
         return self._place(queries, rows)
 
     def _with_retries(
@@ -313,14 +331,15 @@ class HTTPRetriever:
         chunks = [
             sent[i : i + self._batch_size(k)] for i in range(0, len(sent), self._batch_size(k))
         ]
-        responses = await asyncio.gather(
-            *(
-                self._awith_retries(
-                    "/retrieve", encode_request(c, k, self._protocol), end, self._cap(c, k)
+        with self._breaker(bool(sent)):
+            responses = await asyncio.gather(
+                *(
+                    self._awith_retries(
+                        "/retrieve", encode_request(c, k, self._protocol), end, self._cap(c, k)
+                    )
+                    for c in chunks
                 )
-                for c in chunks
             )
-        )
         rows = [
             row
             for chunk, content in zip(chunks, responses, strict=True)
@@ -370,6 +389,26 @@ class HTTPRetriever:
             return self._aclient
 
     # -- shared ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _breaker(self, sends: bool) -> Iterator[None]:
+        """Fail at once while the circuit is open; open it when the body finds no server."""
+        if not sends:
+            yield
+            return
+        left = self._open_until - time.monotonic()
+        if left > 0:
+            raise RetrieverUnavailable(
+                f"{self._url} is skipped for {left:.0f} s more (circuit breaker, breaker_s="
+                f"{self._breaker_s:g}): {self._last_failure}"
+            )
+        try:
+            yield
+        except RetrieverUnavailable as err:
+            self._last_failure = str(err)
+            self._open_until = time.monotonic() + self._breaker_s
+            raise
+        self._open_until, self._last_failure = 0.0, ""
 
     def _end(self) -> float | None:
         """When this call must be over (`time.monotonic()`): its own and the block's deadline."""

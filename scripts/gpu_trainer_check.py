@@ -2,7 +2,10 @@
 
 It runs OpenRLHF 0.11.2's own DeepSpeed policy actor (trace-rl's `TreePolicyModelActorBase`,
 a subclass of upstream's `PolicyModelActor`) on the shipped tiny policy and the synthetic world,
-with import-only stand-ins for Ray and vLLM (`scripts/gpu_check_stubs/`), and checks in order:
+with import-only stand-ins for Ray and vLLM (`scripts/gpu_check_stubs/`; by default always: a
+real Ray would be handed in-process values where it expects object refs). First it runs
+`tracerl doctor`'s machine checks (driver, nvcc, ninja, gcc, Python headers, GPUs), then checks
+in order:
 
 1. `trace_step`: one TRACE step of trace-rl's tree engine on the device (the transformers
    backend, the smoke's settings, the policy's own environment): the exact leaf budget, at least
@@ -21,7 +24,9 @@ with import-only stand-ins for Ray and vLLM (`scripts/gpu_check_stubs/`), and ch
    states and the saved weights return.
 
 It writes `OUT/gpu_check.json` and ends with `GPU TRAINER CHECK: PASS (...)`, or stops at the
-first broken check with `GPU TRAINER CHECK: FAIL (stage: why)` and exit code 1.
+first broken check with `GPU TRAINER CHECK: FAIL (stage: why)` and exit code 1; an exception
+of any kind in a stage is that stage's failure, with its type and message (also under "failed"
+in `gpu_check.json`).
 
 `--device cpu` runs the same stages on CPU for the test suite, with an in-process stand-in for
 the DeepSpeed actor (`CPUPolicyActor`: OpenRLHF's `Actor` and `PolicyLoss`, torch's AdamW),
@@ -76,9 +81,10 @@ class Args:
     """Where `gpu_check.json`, the data, the checkpoints and the saved model go."""
     device: Literal["cuda", "cpu"] = "cuda"
     """`cpu`: the suite's run, with an in-process stand-in for the DeepSpeed actor."""
-    stand_ins: Literal["auto", "always", "never"] = "auto"
-    """Put the Ray and vLLM stand-ins first on the import path: when either is not installed
-    (`auto`), always (the CPU test: real Ray would start workers), or never."""
+    stand_ins: Literal["auto", "always", "never"] = "always"
+    """Put the Ray and vLLM stand-ins first on the import path: always (the check is one process
+    by design: a real Ray would get in-process values where it expects object refs), when
+    either is not installed (`auto`), or never."""
     zero_stage: int = 3
     """DeepSpeed ZeRO stage of the actor."""
 
@@ -566,6 +572,39 @@ def versions(stand_ins: bool) -> dict[str, Any]:
     return found
 
 
+def run_stage(name: str, stage: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One stage's figures; any error it raises becomes a `CheckFailed` named by the stage.
+
+    Raises:
+        CheckFailed: `"name: why"`, for a check that did not hold or any other exception.
+    """
+    try:
+        return stage()
+    except CheckFailed as err:
+        raise CheckFailed(f"{name}: {err}") from err
+    except Exception as err:  # a crash is this stage's failure too, with its type and message
+        first = next((line for line in str(err).splitlines() if line.strip()), "")
+        raise CheckFailed(f"{name}: {type(err).__name__}: {first[:500]}") from err
+
+
+def toolchain(device: str) -> dict[str, Any]:
+    """`tracerl doctor`'s machine checks (driver, nvcc, ninja, gcc, Python headers, GPUs).
+
+    The stages after `trace_step` build DeepSpeed's FusedAdam just in time; a missing piece is
+    named here with its fix instead of deep in a build log. On CPU the GPU checks are skipped.
+
+    Raises:
+        CheckFailed: the first failed check's line.
+    """
+    from harness.doctor import TOOLCHAIN, Probes, Target
+
+    probes, target = Probes.local(), Target(require_gpu=device == "cuda")
+    checks = [check(probes, target) for check in TOOLCHAIN]
+    failed = [c for c in checks if c.status == "fail"]
+    _require(not failed, failed[0].line() if failed else "")
+    return {c.name: c.status for c in checks}
+
+
 def main(args: Args) -> dict[str, Any]:
     """Run every stage; return the report (also written to `OUT/gpu_check.json`).
 
@@ -583,6 +622,7 @@ def main(args: Args) -> dict[str, Any]:
         f"not installed here: {', '.join(missing)}; add their wheels to the folder "
         "(docs/openrlhf.md, 'The one-GPU trainer check')",
     )
+    report_doctor = run_stage("doctor", lambda: toolchain(args.device))
     from harness.openrlhf_compat import ensure_flash_attn
 
     ensure_flash_attn()
@@ -590,17 +630,22 @@ def main(args: Args) -> dict[str, Any]:
 
     _require(args.device == "cpu" or torch.cuda.is_available(), "torch sees no CUDA device")
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"versions": versions(stand_ins), "stages": {}, "passed": False}
+    report: dict[str, Any] = {
+        "versions": versions(stand_ins),
+        "doctor": report_doctor,
+        "stages": {},
+        "passed": False,
+    }
     try:
         for name, stage in run_checks(args, report):
             t0 = time.perf_counter()
-            try:
-                figures = stage()
-            except CheckFailed as err:
-                raise CheckFailed(f"{name}: {err}") from err
+            figures = run_stage(name, stage)
             report["stages"][name] = {**figures, "seconds": round(time.perf_counter() - t0, 2)}
             print(f"{name}: {json.dumps(report['stages'][name], default=str)}", flush=True)
         report["passed"] = True
+    except CheckFailed as failure:
+        report["failed"] = str(failure)  # "stage: why", as the FAIL line says
+        raise
     finally:
         report["seconds"] = round(time.perf_counter() - start, 1)
         (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
@@ -615,5 +660,8 @@ if __name__ == "__main__":
         result = main(arguments)
     except CheckFailed as failure:
         print(f"GPU TRAINER CHECK: FAIL ({failure})", flush=True)
+        sys.exit(1)
+    except Exception as failure:  # before the stages: imports, the device
+        print(f"GPU TRAINER CHECK: FAIL (setup: {type(failure).__name__}: {failure})", flush=True)
         sys.exit(1)
     print(f"GPU TRAINER CHECK: PASS ({result['seconds']} s on {arguments.device})", flush=True)

@@ -4,25 +4,24 @@
 # See docs/openrlhf.md. What has and has not been run on GPUs is listed there; this script's
 # flags are checked on CPU by tests/harness/openrlhf/test_launch_scripts.py (--check-only).
 #
-# Before the first run, on the machine that launches (the head node):
-#   1. install:   make install-gpu               (every node; the gpu extra's pins: openrlhf
-#                 0.11.2 and its transformers, deepspeed, ray, vllm and flash-attn versions)
-#   2. data:      python scripts/prepare_hotpotqa.py --out data/hotpotqa
-#                 (FlashRAG's HotpotQA train/dev from the hub, or --hub-path / --train-file)
-#   3. retriever: a Search-R1 wiki-18 e5 server (Search-R1's retrieval_launch.sh) on port 8000,
-#                 or `tracerl serve-retriever --index DIR --host 0.0.0.0 --port 8000`. It must be
-#                 reachable from every node: the trainer actor runs where Ray places it. Beyond
-#                 a trusted cluster network, put a reverse proxy in front instead (docs/retrieval.md,
-#                 "Connections"); the server's own connection limits are listed there.
+# docs/openrlhf.md is the cluster guide: follow it top to bottom. In short, before the first run:
+#   1. install:   make install-gpu on every node, at the same repository path (it ends with
+#                 `tracerl doctor --require-gpu`: driver >= 580, CUDA 13.0 nvcc, ninja, gcc >= 10)
+#   2. model:     a local copy every node can read, MODEL=/shared/models/Qwen3-8B (a hub id
+#                 makes every rank of every node download it)
+#   3. data:      python scripts/prepare_hotpotqa.py --out data/hotpotqa
+#   4. retriever: a Search-R1 wiki-18 e5 server, or `tracerl serve-retriever --index DIR --host
+#                 0.0.0.0 --port 8000`, reachable from every node (RETRIEVER=http://HOST:8000)
+#   5. check:     tracerl doctor --model "$MODEL" --data data/hotpotqa --retriever "$RETRIEVER"
 #
 # Single node, 8 GPUs:
-#   bash scripts/train_qwen3_8b_hotpotqa.sh
-# Check every flag and print the run's size without starting anything (works on CPU):
+#   MODEL=/shared/models/Qwen3-8B bash scripts/train_qwen3_8b_hotpotqa.sh
+# Check every flag and value (paths, retriever, TP) without starting anything (works on CPU):
 #   bash scripts/train_qwen3_8b_hotpotqa.sh --check-only
-# Multi-node (here 2 x 8 GPUs): `ray start --head` on the head, `ray start --address HEAD:6379`
-# on the others, then from the repository root on the head:
-#   NODES=2 SUBMIT_ADDRESS=http://HEAD:8265 RETRIEVER=http://HEAD:8000 \
-#       bash scripts/train_qwen3_8b_hotpotqa.sh
+# Multi-node (here 2 x 8 GPUs): `ray start` from the activated venv on every node, then on the
+# head, from the repository root (with --check-only: checked here, and the submit printed):
+#   NODES=2 SUBMIT_ADDRESS=http://HEAD:8265 RETRIEVER=http://HEAD_IP:8000 \
+#       MODEL=/shared/models/Qwen3-8B bash scripts/train_qwen3_8b_hotpotqa.sh
 # Baselines at the same budget (equal leaves per step), e.g. GRPO:
 #   ALLOC_ARGS="--alloc.name uniform --alloc.uniform.group-size 12" \
 #       RUN=runs/qwen3-8b-hotpotqa-grpo \
@@ -37,8 +36,11 @@ set -euo pipefail
 # trainer and the model actors on any node, in a working directory of its own, where a relative
 # path would name another place. On several nodes they must lie on a shared filesystem.
 absolute() { case "$1" in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$PWD/$1" ;; esac; }
-MODEL=${MODEL:-Qwen/Qwen3-8B}                # a hub id, or a directory (made absolute if it exists)
-if [[ -d "$MODEL" ]]; then MODEL=$(absolute "$MODEL"); fi
+MODEL=${MODEL:-Qwen/Qwen3-8B}                # a directory (made absolute), or a hub id
+if [[ -d "$MODEL" ]]; then
+  MODEL=$(absolute "$MODEL")
+  export HF_HUB_OFFLINE=1                    # a local model: no rank asks the hub for anything
+fi
 DATA=$(absolute "${DATA:-data/hotpotqa}")
 RETRIEVER=${RETRIEVER:-http://127.0.0.1:8000}
 RUN=$(absolute "${RUN:-runs/qwen3-8b-hotpotqa-trace}")
@@ -59,6 +61,7 @@ TRACE_ARGS=(
   --retriever "$RETRIEVER"
   --advantage tree_grpo
   --env.max-turns 4 --env.top-k 3 --env.reward em
+  --env.retrieval-deadline-s 60              # a 256-query turn against a loaded wiki-18 server
   --run-dir "$RUN"
   --seed 0
 )
@@ -81,16 +84,30 @@ OPENRLHF_ARGS=(
   --ds.zero_stage 3 --ds.param_dtype bf16 --actor.gradient_checkpointing_enable
   --actor.adam.lr 1e-6 --actor.eps_clip 0.2
   --algo.kl.init_coef 0.001 --algo.kl.use_loss --algo.kl.estimator k3
-  --ckpt.path "$CKPT" --ckpt.save_steps 20 --ckpt.save_hf --ckpt.output_dir "$OUTPUT"
+  --ckpt.path "$CKPT" --ckpt.save_steps 20 --ckpt.output_dir "$OUTPUT"
   --logger.tensorboard_dir "$RUN/tensorboard"
 )
 
 # shellcheck disable=SC2206  # ALLOC_ARGS is a word list on purpose
 COMMAND=(tracerl train --backend openrlhf "${TRACE_ARGS[@]}" "$@" $ALLOC_ARGS -- "${OPENRLHF_ARGS[@]}")
 if [[ -n "${SUBMIT_ADDRESS:-}" ]]; then
-  # The entrypoint runs on the head node; DATA, RUN and CKPT must be paths every node can read
-  # and write (a shared filesystem), because Ray places the trainer and the model actors.
-  COMMAND=(ray job submit --address="$SUBMIT_ADDRESS" -- "${COMMAND[@]}")
+  # The entrypoint runs on the head node, in a working directory of Ray's: every path above is
+  # absolute, `tracerl` is this venv's (the same repository path on every node), and the job's
+  # runtime env carries what every worker needs. DATA, RUN and CKPT must be paths every node
+  # can read and write (a shared filesystem), because Ray places the model actors anywhere.
+  RUNTIME_ENV="{\"env_vars\": {\"HF_HUB_OFFLINE\": \"${HF_HUB_OFFLINE:-0}\", \"VLLM_NO_USAGE_STATS\": \"1\"}}"
+  TRACERL=$(command -v tracerl || echo tracerl)
+  SUBMIT=(ray job submit --address="$SUBMIT_ADDRESS" --runtime-env-json="$RUNTIME_ENV" --
+    "$TRACERL" "${COMMAND[@]:1}")
+  if [[ " $* " == *" --check-only "* ]]; then
+    # checked here, on this machine: a submit would only start the check on the head
+    "${COMMAND[@]}" || exit $?
+    printf 'would submit: '
+    printf '%q ' "${SUBMIT[@]}"
+    echo
+    exit 0
+  fi
+  COMMAND=("${SUBMIT[@]}")
 fi
 if [[ -n "${PRINT_ONLY:-}" ]]; then
   printf '%q ' "${COMMAND[@]}"

@@ -76,3 +76,39 @@ def test_make_test_runs_lint_types_then_the_tests_and_doctests(tmp_path):
     where = [next(i for i, line in enumerate(steps) if key in line) for key in order]
     assert where == sorted(where), steps
     assert (ROOT / ".ci" / "run").read_text().strip().endswith("exec make test")
+
+
+def test_every_recipe_finds_the_venvs_ninja_on_path(tmp_path):
+    """torch's extension builder looks for ninja only on PATH, where pip never puts it."""
+    show = "print-path: ; @echo $$PATH"
+    args = ["--no-print-directory", "-C", str(ROOT), "--eval", show, "print-path"]
+    done = subprocess.run(
+        ["make", *args, f"VENV={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.strip().split(os.pathsep)[0] == str(tmp_path / "bin")
+
+
+def test_install_gpu_checks_the_machine_before_the_builds_and_builds_fused_adam_once(tmp_path):
+    steps = make(tmp_path, "install-gpu").stdout.splitlines()
+    where = {
+        key: next(i for i, line in enumerate(steps) if key in line)
+        for key in ("gpu_pin.py vllm", "-m harness.doctor", "gpu_pin.py flash-attn",
+                    '".[gpu,dev]"', "FusedAdamBuilder().load()")
+    }  # fmt: skip
+    assert list(where.values()) == sorted(where.values()), steps
+
+
+def test_install_gpu_refuses_an_old_python_before_making_a_venv(tmp_path):
+    python = tmp_path / "python3.10"
+    python.write_text(
+        '#!/bin/sh\ncase "$1" in --version) echo "Python 3.10.12" ;; *) exit 1 ;; esac\n'
+    )
+    python.chmod(0o755)
+    done = make(tmp_path / "venv", "install-gpu", f"PYTHON={python}", dry=False)
+    assert done.returncode != 0
+    assert "install-gpu needs Python >= 3.11" in done.stderr and "Python 3.10.12" in done.stderr
+    assert not (tmp_path / "venv").exists()

@@ -1,4 +1,4 @@
-"""`TreePolicyModelActor`: OpenRLHF's DeepSpeed policy actor, with three changes for tree steps.
+"""`TreePolicyModelActor`: OpenRLHF's DeepSpeed policy actor, with these changes for tree steps.
 
 OpenRLHF 0.11.2's `PolicyModelActor` is used as it is (model, DeepSpeed strategy, replay buffer,
 `ppo_train`, weight sync, checkpoints), except:
@@ -20,6 +20,9 @@ OpenRLHF 0.11.2's `PolicyModelActor` is used as it is (model, DeepSpeed strategy
    `ppo_clip_ratio`, `logprobs_diff`, `vllm_kl`) are means over zero action tokens, 0/0;
    `ppo_train` weighs them by that zero count, and NaN x 0 is still NaN. Setting them to 0 is
    exact: they weigh nothing in the step's mean.
+4. **The first tree step never trains at learning rate 0.** A warm-up's step 0 has a factor
+   of 0, which would cost a whole tree step here (upstream loses one optimizer step); a
+   scheduler that starts at 0 is stepped once at set-up (`skip_zero_learning_rate`).
 
 Upstream builds its `ActorPPOTrainer` inside the 100-line `init_model_from_pretrained`, so the
 one overridden method (`training_step`) is brought in by making that object an instance of the
@@ -49,6 +52,7 @@ __all__ = [
     "measure_movement",
     "one_schedule_step",
     "own_shards",
+    "skip_zero_learning_rate",
     "squared_change",
     "tree_steps",
 ]
@@ -97,6 +101,17 @@ def one_schedule_step(engine: Any) -> Iterator[None]:
     finally:
         engine.lr_scheduler = scheduler
     if scheduler is not None:
+        scheduler.step()
+
+
+def skip_zero_learning_rate(scheduler: Any) -> None:
+    """Step a scheduler that starts at learning rate 0 once, so the first tree step trains.
+
+    A linear warm-up gives its step 0 a factor of 0: upstream loses one optimizer step to it, a
+    tree step (which trains at one learning rate) would lose all of its own. A scheduler already
+    past 0 (no warm-up, or restored from a checkpoint) is left as it is.
+    """
+    if scheduler is not None and all(lr == 0 for lr in scheduler.get_last_lr()):
         scheduler.step()
 
 
@@ -206,6 +221,7 @@ class TreePolicyModelActorBase(_plain_class(PolicyModelActor)):  # type: ignore[
         """Upstream's set-up; `max_steps` is the schedule length in tree steps."""
         super().init_model_from_pretrained(strategy, pretrain, max_steps, vllm_engines)
         self.trainer.__class__ = TreeActorPPOTrainer  # one method overridden, no new state
+        skip_zero_learning_rate(self.actor.model.lr_scheduler)
 
     def fit(self, kl_ctl: float = 0) -> dict[str, Any]:
         """Train on the replay buffer (one tree step) at one learning rate; log its movement."""

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from envs.search_qa import SearchQAConfig
-from harness.config import AllocConfig, PredictorConfig
+from harness.config import AbortConfig, AllocConfig, PredictorConfig
 
 __all__ = ["TreeTrainConfig"]
 
@@ -60,6 +60,9 @@ class TreeTrainConfig:
     seeded_requests: bool = False
     """Give every vLLM request its own seed (reproducible per request, but vLLM's slow
     per-request sampling path); off, the engines' own generators sample (`--train.seed`)."""
+    abort: AbortConfig = field(default_factory=AbortConfig)
+    """When the run stops itself: K tree steps in a row with most episodes failed (a dead
+    retriever), with the cause in one line (`harness.run_guard`)."""
     engine_timeout_s: float = 600.0
     """A turn's generate requests must all finish within this, or the step fails with a clear
     error (a hung vLLM engine would otherwise block the controller forever)."""

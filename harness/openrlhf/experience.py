@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -41,8 +41,11 @@ __all__ = [
     "experiences_from_leaves",
     "leaf_truncated",
     "pad_to_multiple",
+    "spread_over_ranks",
     "token_advantages_of_episode",
 ]
+
+T = TypeVar("T")
 
 INFO_KEYS: tuple[str, ...] = ("response_clip_ratio", "reward", "score", "tree/n_turns", "filler")
 """Per-sample `Experience.info` keys; every experience carries all of them, because
@@ -248,6 +251,28 @@ def pad_to_multiple(experiences: list[Experience], multiple: int) -> list[Experi
         info=dict(info),
     )
     out += [dataclasses.replace(filler, info=dict(filler.info)) for _ in range(n_fillers)]
+    return out
+
+
+def spread_over_ranks(padded: list[T], n_real: int, ranks: int) -> list[T]:
+    """Reorder a padded step so that every rank's chunk gets its share of the real leaves.
+
+    OpenRLHF deals a step's samples to the ranks in equal contiguous chunks; with the fillers at
+    the end, the last ranks would get only fillers and do no work. Here the real leaves go round
+    robin over the chunks, each chunk's fillers after its leaves. The gradient is the same (the
+    loss normaliser is global); only the work is shared out.
+
+    >>> spread_over_ranks(["a", "b", "c", "f", "f", "f"], 3, 2)
+    ['a', 'c', 'f', 'b', 'f', 'f']
+    """
+    if ranks < 1 or len(padded) % ranks:
+        raise ValueError(f"{len(padded)} samples do not split into {ranks} equal chunks")
+    size = len(padded) // ranks
+    chunks: list[list[T]] = [padded[r:n_real:ranks] for r in range(ranks)]
+    fillers = iter(padded[n_real:])
+    out: list[T] = []
+    for chunk in chunks:
+        out += [*chunk, *(next(fillers) for _ in range(size - len(chunk)))]
     return out
 
 

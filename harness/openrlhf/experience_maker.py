@@ -34,11 +34,16 @@ from openrlhf.trainer.ppo_utils.experience_maker import RemoteExperienceMaker  #
 
 from harness.errors import HarnessError  # noqa: E402
 
-__all__ = ["FILLER_MEAN_KEYS", "TreeExperienceMaker", "fill_filler_means"]
+__all__ = [
+    "FILLER_MEAN_KEYS",
+    "TreeExperienceMaker",
+    "add_rollout_logprob_gap",
+    "fill_filler_means",
+]
 
-FILLER_MEAN_KEYS: tuple[str, ...] = ("kl", "logprobs_diff")
-"""Per-sample `info` means over action tokens that `RemoteExperienceMaker.make_experience` sets
-(NaN on a sample without action tokens)."""
+FILLER_MEAN_KEYS: tuple[str, ...] = ("kl", "logprobs_diff", "rollout_logprob_gap")
+"""Per-sample `info` means over action tokens that `make_experience` sets (NaN on a sample
+without action tokens)."""
 
 
 class TreeExperienceMaker(RemoteExperienceMaker):
@@ -48,6 +53,7 @@ class TreeExperienceMaker(RemoteExperienceMaker):
     def make_experience(self, samples_list: list[Experience]) -> list[Experience]:
         """OpenRLHF's forwards and KL, then finite per-sample logs on fillers (module docstring)."""
         experiences = super().make_experience(samples_list)
+        add_rollout_logprob_gap(experiences)
         fill_filler_means(experiences)
         return experiences
 
@@ -87,6 +93,23 @@ class TreeExperienceMaker(RemoteExperienceMaker):
             exp.info["return"] = reward
             exp.kl = None
         return experiences
+
+
+def add_rollout_logprob_gap(experiences: list[Experience]) -> None:
+    """Set `info["rollout_logprob_gap"]`: per sample, the mean |trainer - rollout| log-prob.
+
+    The rollout log-probs are vLLM's (`processed_logprobs`: the sampled distribution), the
+    trainer's are the actor's forward on the same tokens before any update; a temperature, a
+    token shift or a weight sync gone wrong shows here (the GPU smoke asserts it < 0.1), while
+    `ppo_kl` (old against new, both the trainer's) is about 0 on the first pass by construction.
+    A sample without action tokens gets 0/0 = NaN, which `fill_filler_means` replaces.
+    """
+    for exp in experiences:
+        if exp.rollout_log_probs is None or exp.action_log_probs is None:
+            continue
+        mask = exp.action_mask.float()  # (B, A)
+        gap = (exp.action_log_probs.float() - exp.rollout_log_probs.float()).abs() * mask
+        exp.info["rollout_logprob_gap"] = gap.sum(dim=-1) / mask.sum(dim=-1)  # (B,)
 
 
 def fill_filler_means(experiences: list[Experience]) -> None:

@@ -25,14 +25,26 @@ import ast
 import dataclasses
 import importlib.metadata
 import inspect
+import json
 import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import tyro
 
+from harness.doctor import (
+    Check,
+    Probes,
+    Target,
+    check_model,
+    check_retriever,
+    compare_nodes,
+    is_loopback_url,
+    node_report,
+)
 from harness.errors import HarnessError
 from harness.openrlhf.config import TreeTrainConfig
 
@@ -41,12 +53,16 @@ __all__ = [
     "OPENRLHF_DEFAULTS",
     "OPENRLHF_VERSION",
     "REWARD_PLACEHOLDER",
+    "check_layout",
     "check_openrlhf_args",
+    "driver_node_strategy",
     "launch",
     "main",
     "parse_args",
     "parse_openrlhf_args",
+    "preflight_nodes",
     "ray_runtime_env",
+    "refuse_failures",
     "run_size",
     "split_argv",
 ]
@@ -324,6 +340,14 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
 
     if not ray.is_initialized():
         ray.init(runtime_env=ray_runtime_env(os.environ))
+    preflight_nodes(
+        Target(
+            checkpoint_dir=Path(args.ckpt.path),
+            model=args.actor.model_name_or_path,
+            retriever=config.retriever,
+            nodes=args.actor.num_nodes,
+        )
+    )
     strategy = get_strategy(args)
     strategy.print(args)
     n_actor_gpus = args.actor.num_nodes * args.actor.num_gpus_per_node
@@ -372,7 +396,7 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
             num_gpus_per_actor=fraction,
             duplicate_actors=duplicates,
         )
-    trainer = TreePPOTrainer.remote(
+    trainer = TreePPOTrainer.options(scheduling_strategy=driver_node_strategy()).remote(
         args.actor.model_name_or_path,
         strategy,
         actor,
@@ -400,11 +424,145 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
     ray.get(actor.async_save_model())
 
 
+def check_layout(config: TreeTrainConfig, args: Any, probes: Probes | None = None) -> list[Check]:
+    """Values, not only flags: what the cluster would refuse, found before anything starts.
+
+    The model and the prompt files exist (when they are local paths), the retriever is no
+    loopback address on several nodes and answers from here (a remote one that does not is a
+    warning: the trainer's node may reach what this machine cannot), and the vLLM tensor
+    parallel size divides the GPUs per node and the model's attention heads.
+
+    Args:
+        config: trace-rl's flags.
+        args: OpenRLHF's parsed flags.
+        probes: `harness.doctor.Probes` (tests inject them); default this machine's.
+    """
+    probes = probes or Probes.local()
+    nodes = int(args.actor.num_nodes)
+    model = str(args.actor.model_name_or_path)
+    target = Target(model=model, retriever=config.retriever, nodes=nodes)
+    checks = [check_model(probes, target)]
+    retriever = check_retriever(probes, target)
+    unreachable = retriever.status == "fail" and "no answer" in retriever.detail
+    if unreachable and not is_loopback_url(config.retriever):  # we may be off its network
+        retriever = dataclasses.replace(retriever, status="warn")
+    checks.append(retriever)
+    for flag, value in (
+        ("--data.prompt_dataset", args.data.prompt_dataset),
+        ("--eval.dataset", args.eval.dataset),
+    ):
+        local = value and (str(value).startswith(("/", ".")) or Path(value).suffix in _DATA_FILES)
+        if local and not Path(value).exists():
+            checks.append(
+                Check(
+                    name="data",
+                    status="fail",
+                    detail=f"{flag} {value} does not exist",
+                    fix="python scripts/prepare_hotpotqa.py --out DIR (DATA=DIR in the script)",
+                )
+            )
+    tp, per_node = int(args.vllm.tensor_parallel_size), int(args.actor.num_gpus_per_node)
+    if per_node % tp:
+        checks.append(
+            Check(
+                name="tensor parallel",
+                status="fail",
+                detail=f"--vllm.tensor_parallel_size {tp} does not divide the {per_node} GPUs "
+                "per node (--actor.num_gpus_per_node)",
+                fix=f"TP = one of {[d for d in range(1, per_node + 1) if per_node % d == 0]}",
+            )
+        )
+    heads = _attention_heads(model)
+    if heads and any(h % tp and tp % h for h in heads):  # vLLM splits (or replicates) heads
+        checks.append(
+            Check(
+                name="tensor parallel",
+                status="fail",
+                detail=f"--vllm.tensor_parallel_size {tp} does not split {model}'s "
+                f"{heads[0]} attention heads ({heads[1]} key/value heads)",
+                fix="a TP that divides the attention heads",
+            )
+        )
+    return checks
+
+
+_DATA_FILES = frozenset({".json", ".jsonl", ".parquet", ".csv", ".arrow"})
+
+
+def _attention_heads(model: str) -> tuple[int, int] | None:
+    """A local model's (attention heads, key/value heads) from its config.json, or None."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    heads = config.get("num_attention_heads")
+    if not isinstance(heads, int):
+        return None
+    return heads, int(config.get("num_key_value_heads") or heads)
+
+
+def refuse_failures(checks: Sequence[Check], what: str) -> None:
+    """Log the warnings; raise one line that lists every failure with its fix.
+
+    Raises:
+        HarnessError: at least one check failed.
+    """
+    for check in checks:
+        if check.status == "warn":
+            log.warning("%s", check.line())
+    failed = [c for c in checks if c.status == "fail"]
+    if failed:
+        raise HarnessError(
+            f"{what} would fail: "
+            + "; ".join(f"{c.name}: {c.detail}" + (f" -> {c.fix}" if c.fix else "") for c in failed)
+        )
+
+
+def preflight_nodes(target: Target) -> None:
+    """`tracerl doctor` on every alive Ray node, one task pinned to each, before anything starts.
+
+    Every node answers `harness.doctor.node_report`; `compare_nodes` turns the answers into
+    checks (the same Ray version as the driver's, each node's own failures).
+
+    Raises:
+        HarnessError: a node failed a check, with the node and the fix.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0)(node_report)
+    refs = [
+        task.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False)
+        ).remote(
+            dataclasses.replace(target, require_gpu=node.get("Resources", {}).get("GPU", 0) > 0)
+        )
+        for node in ray.nodes()
+        if node.get("Alive")
+    ]
+    reports = ray.get(refs, timeout=600)
+    log.info("preflight: %d nodes answered", len(reports))
+    refuse_failures(compare_nodes(ray.__version__, reports), "the cluster's preflight")
+
+
+def driver_node_strategy() -> Any:
+    """A Ray scheduling strategy that puts an actor on the driver's own node.
+
+    The trainer actor runs the environments, so it must reach the retriever the driver checked
+    (a loopback URL on one node, for example); unpinned, Ray may place it on any node.
+    """
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+
+
 def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
     """The `runtime_env` of the run's `ray.init`: OpenRLHF's worker defaults, the flash-attn shim.
 
     Every Ray worker (model actors, vLLM engines, the trainer) gets OpenRLHF's environment
-    defaults where `environ` does not set them. Without flash-attn installed, every worker also
+    defaults that `environ` does not set (one it sets comes from the job's runtime env or from
+    the shell of `ray start`). Without flash-attn installed, every worker also
     runs `harness.openrlhf_compat.ensure_flash_attn` before anything else (Ray's worker set-up
     hook): OpenRLHF's model actors import `openrlhf.models`, which imports flash-attn's helpers
     at module level, and they never import trace-rl's modules that would install the stand-in.
@@ -419,7 +577,11 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "NCCL_DEBUG": "WARN",
         "RAY_ENABLE_ZERO_COPY_TORCH_TENSORS": "1",
     }
-    runtime_env: dict[str, Any] = {"env_vars": {k: environ.get(k, v) for k, v in defaults.items()}}
+    # a key the driver already has is left out: `ray job submit --runtime-env-json` may set it,
+    # and Ray refuses a job whose runtime env and `ray.init`'s name the same key, equal or not
+    runtime_env: dict[str, Any] = {
+        "env_vars": {k: v for k, v in defaults.items() if k not in environ}
+    }
     if not flash_attn_installed():
         runtime_env["worker_process_setup_hook"] = "harness.openrlhf_compat.ensure_flash_attn"
     return runtime_env
@@ -439,6 +601,7 @@ def main(argv: Sequence[str]) -> int:
     """
     config, args = parse_args(argv)
     print(run_size(config, args), flush=True)  # the numbers that size a run, before it starts
+    refuse_failures(check_layout(config, args), "the run's layout")
     if config.rehearse_steps:
         from harness.openrlhf.rehearsal import rehearse
 

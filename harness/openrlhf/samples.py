@@ -55,12 +55,15 @@ from harness.errors import EngineTimeoutError, HarnessError  # noqa: E402
 from harness.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
+    actor_ranks,
     batch_unit,
     experience_from_tokens,
     experiences_from_leaves,
     pad_to_multiple,
+    spread_over_ranks,
     token_advantages_of_episode,
 )
+from harness.run_guard import check_retriever  # noqa: E402
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import (  # noqa: E402
     BudgetLimit,
@@ -140,9 +143,9 @@ class TreeSamplesGenerator(SamplesGenerator):
         loaders = [prompts_dataloader] + ([eval_dataloader] if eval_dataloader else [])
         self._tasks_by_label: dict[str, QATask] = {}
         tasks = TaskSet(self._tasks_from_labels(loaders))
-        self.env = SearchQAEnv(
-            tasks, make_retriever(config.retriever), **dataclasses.asdict(config.env)
-        )
+        retriever = make_retriever(config.retriever)
+        check_retriever(retriever)  # from the trainer's node: where the envs run
+        self.env = SearchQAEnv(tasks, retriever, **dataclasses.asdict(config.env))
         codec_cls = ChatTemplateCodec if args.data.apply_chat_template else EpisodeCodec
         self.codec = codec_cls(tokenizer)
         self.sampling = SamplingParams(
@@ -340,7 +343,10 @@ class TreeSamplesGenerator(SamplesGenerator):
             prompts=[prompts[first[t.prompt_id]] for t in kept],
             labels=[labels[first[t.prompt_id]] for t in kept],
         )
-        padded = pad_to_multiple(experiences, self.unit)
+        # the real leaves shared out over the ranks, each rank's fillers after its leaves
+        padded = spread_over_ranks(
+            pad_to_multiple(experiences, self.unit), len(experiences), actor_ranks(self.args)
+        )
         self.last_step = result
         self.last_metrics = _step_metrics(result, self.engine.stats.tokens_per_s, rollout_s)
         self.last_metrics.update(predictor_metrics)

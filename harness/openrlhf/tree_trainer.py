@@ -35,6 +35,7 @@ from harness.openrlhf.actor import tree_steps  # noqa: E402
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience_maker import TreeExperienceMaker  # noqa: E402
 from harness.openrlhf.samples import TreeSamplesGenerator  # noqa: E402
+from harness.run_guard import FailureStreak, failure_cause  # noqa: E402
 
 __all__ = ["TreePPOTrainer", "TreePPOTrainerBase"]
 
@@ -163,6 +164,7 @@ class TreePPOTrainerBase(BasePPOTrainer):
             self.samples_generator.budget.per_step,
             self.max_steps,
         )
+        streak = FailureStreak(self.config.abort)
         for episode in range(start_episode, args.train.num_episodes):
             while True:
                 start = time.time()
@@ -171,6 +173,7 @@ class TreePPOTrainerBase(BasePPOTrainer):
                 )
                 generation_s = time.time() - start
                 consumed += n_prompts
+                status: dict[str, Any] = {}
                 if samples:
                     global_step, status = self._train_on(samples, global_step, generation_s)
                     status["episode"] = float(episode)
@@ -178,8 +181,16 @@ class TreePPOTrainerBase(BasePPOTrainer):
                     self._save_and_evaluate(global_step, status, episode, consumed)
                 elif n_prompts:
                     log.warning("a step kept no leaf (%d prompts): nothing to train on", n_prompts)
-                    # the schedule counts tree steps, trained or not
+                    # logged all the same, so a run training on nothing shows it; the step
+                    # counts, as the schedule counts tree steps, trained or not
+                    global_step += 1
+                    status = {**self.samples_generator.last_metrics, "episode": float(episode)}
+                    status["timing/generation"] = generation_s
+                    self._log(global_step, status)
                     ray.get(self.actor_model_group.async_run_method(method_name="advance_schedule"))
+                if status:
+                    retriever = self.samples_generator.env.retriever
+                    streak.observe(global_step, status, cause=failure_cause(retriever))
                 if exhausted:
                     break
         for tracker in (self.wandb_logger, self.tensorboard_logger, self.metrics):

@@ -6,6 +6,7 @@ import asyncio
 import json
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -193,7 +194,7 @@ def test_a_deadline_ends_the_retries_of_a_hung_server_sync_and_async():
         hung.bind(("127.0.0.1", 0))
         hung.listen(64)
         url = f"http://127.0.0.1:{hung.getsockname()[1]}"
-        own = HTTPRetriever(url, index_id="x", deadline_s=0.3)
+        own = HTTPRetriever(url, index_id="x", deadline_s=0.3, breaker_s=0)  # both calls wait
         with pytest.raises(RetrieverUnavailable, match="before its deadline ran out"):
             own.search(["q"], k=1)
         with pytest.raises(RetrieverUnavailable, match="before its deadline ran out"):
@@ -231,3 +232,29 @@ def test_a_client_follows_a_server_restarted_with_another_index(toy_bm25, toy_do
             )
     finally:
         http._client = None
+
+
+def test_a_hung_server_costs_one_deadline_then_the_breaker_fails_calls_at_once():
+    with socket.socket() as hung:  # listens but never answers
+        hung.bind(("127.0.0.1", 0))
+        hung.listen(64)
+        url = f"http://127.0.0.1:{hung.getsockname()[1]}"
+        retriever = HTTPRetriever(url, index_id="x", deadline_s=0.4, breaker_s=0.8)
+        start = time.monotonic()
+        with pytest.raises(RetrieverUnavailable, match="deadline ran out"):
+            retriever.search(["q"], k=1)
+        assert time.monotonic() - start >= 0.35  # the first call waits its deadline
+        for call in (
+            lambda: retriever.search(["q"], k=1),
+            lambda: asyncio.run(retriever.asearch(["q"], k=1)),
+        ):
+            start = time.monotonic()
+            with pytest.raises(RetrieverUnavailable, match=r"circuit breaker.*deadline ran out"):
+                call()
+            assert time.monotonic() - start < 0.1  # then later calls fail at once, with the cause
+        time.sleep(0.8)  # the circuit half-opens: the next call asks the server again
+        start = time.monotonic()
+        with pytest.raises(RetrieverUnavailable, match=r"^POST"):
+            retriever.search(["q"], k=1)
+        assert time.monotonic() - start >= 0.35
+        retriever.close()

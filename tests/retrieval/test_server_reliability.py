@@ -102,7 +102,8 @@ def test_killing_the_server_mid_batch_raises_typed_errors_and_a_restart_resumes_
     rollouts = _rollouts(24, query_maker(100))
     k = 3
     expected = [[retriever.search([q], k=k)[0] for q in rollout] for rollout in rollouts]
-    remote = HTTPRetriever(server.url, max_attempts=3, backoff_s=0.01, timeout_s=10.0)
+    # the server restarts at once: no circuit breaker, which would skip it for breaker_s
+    remote = HTTPRetriever(server.url, max_attempts=3, backoff_s=0.01, timeout_s=10.0, breaker_s=0)
     completed: dict[int, list] = {}  # rollout index -> its results
     progress: dict[int, list] = {r: [] for r in range(len(rollouts))}
     failures: dict[int, BaseException] = {}
@@ -211,7 +212,8 @@ def test_killing_the_server_mid_rollouts_leaves_envs_unchanged_and_retryable(tmp
     server = server_cls(tmp_path / "index", tmp_path / "server.log")
     server.start()
     port = server.port
-    remote = HTTPRetriever(server.url, max_attempts=3, backoff_s=0.01, timeout_s=10.0)
+    # the server restarts at once: no circuit breaker, which would skip it for breaker_s
+    remote = HTTPRetriever(server.url, max_attempts=3, backoff_s=0.01, timeout_s=10.0, breaker_s=0)
     reference = SearchQAEnv(world.tasks, local)
     env = SearchQAEnv(world.tasks, remote)
     try:

@@ -75,7 +75,9 @@ def test_every_ray_worker_gets_the_flash_attn_stand_in_first():
     hook = env["worker_process_setup_hook"]
     module, _, name = hook.rpartition(".")
     assert callable(getattr(importlib.import_module(module), name))
-    assert env["env_vars"]["NCCL_DEBUG"] == "INFO"  # the user's setting wins
+    # a key the driver has is not named again: a job's runtime env that sets it would make
+    # `ray.init` fail ("Failed to merge the Job's runtime env"); workers get it from there
+    assert "NCCL_DEBUG" not in env["env_vars"]
     assert env["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"  # OpenRLHF's default otherwise
 
 
@@ -256,3 +258,45 @@ def test_seeded_requests_resume_exactly(tmp_path):
     assert b.backend.rng_state() == a.backend.rng_state() != fresh
     with pytest.raises(HarnessError, match="generator state"):
         b.backend.set_rng_state([1, 2])
+
+
+def test_the_rollout_trainer_log_prob_gap_is_logged_per_sample_and_finite_on_fillers():
+    from harness.openrlhf.experience_maker import add_rollout_logprob_gap, fill_filler_means
+
+    trainer = torch.tensor([[-1.0, -2.0, -3.0], [-1.0, -1.0, -1.0]])  # (B, A)
+    rollout = torch.tensor([[-1.2, -2.0, -9.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [0, 0, 0]])  # the second row is a filler
+    batch = NS(action_log_probs=trainer, rollout_log_probs=rollout, action_mask=mask, info={})
+    add_rollout_logprob_gap([batch])
+    fill_filler_means([batch])
+    # (0.2 + 0) / 2 on the real row (the masked-out token's gap of 6 counts nothing); the
+    # filler row takes the real mean, so the step's logged mean is the real samples'
+    assert batch.info["rollout_logprob_gap"].tolist() == pytest.approx([0.1, 0.1])
+
+
+def test_a_warm_up_never_gives_the_first_tree_step_learning_rate_zero():
+    from harness.openrlhf.actor import skip_zero_learning_rate
+
+    def warmup(steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, s / steps))
+
+    scheduler = warmup(10)
+    assert scheduler.get_last_lr() == [0.0]  # HF's and this warm-up start at 0
+    skip_zero_learning_rate(scheduler)
+    assert scheduler.get_last_lr() == pytest.approx([1e-4])
+    skip_zero_learning_rate(scheduler)  # past 0 (no warm-up, or resumed): unchanged
+    assert scheduler.get_last_lr() == pytest.approx([1e-4])
+
+
+def test_real_leaves_are_shared_over_the_ranks_before_the_fillers():
+    from harness.openrlhf.experience import spread_over_ranks
+
+    padded = [f"leaf{i}" for i in range(5)] + ["filler"] * 11  # 16 samples, 4 ranks of 4
+    spread = spread_over_ranks(padded, 5, 4)
+    chunks = [spread[r * 4 : (r + 1) * 4] for r in range(4)]
+    assert all(chunk[0].startswith("leaf") for chunk in chunks)  # no rank is idle
+    assert sorted(spread) == sorted(padded)  # the same samples, reordered
+    assert chunks[0] == ["leaf0", "leaf4", "filler", "filler"]
+    with pytest.raises(ValueError, match="equal chunks"):
+        spread_over_ranks(padded, 5, 3)

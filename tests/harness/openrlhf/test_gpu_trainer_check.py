@@ -68,3 +68,36 @@ def test_the_stand_ins_give_openrlhf_the_names_it_imports(tmp_path):
         check=True,
     )
     assert done.stdout.split() == ["0.0.0+trace-rl-stand-in", "0.29.0"]
+
+
+def _script():  # the check's module, imported from its file (scripts/ is no package)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_trainer_check", CHECK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_any_exception_in_a_stage_is_a_fail_line_with_the_stage():
+    check = _script()
+
+    def real_ray_get():
+        raise TypeError("Attempting to call get on the value 3, which is not an ray.ObjectRef.")
+
+    with pytest.raises(check.CheckFailed) as info:
+        check.run_stage("experience", real_ray_get)
+    assert str(info.value) == (
+        "experience: TypeError: Attempting to call get on the value 3, which is not an "
+        "ray.ObjectRef."
+    )
+    assert check.Args(out=Path("x")).stand_ins == "always"  # one process by design
+
+
+def test_the_machine_checks_come_first_and_skip_the_gpu_ones_on_cpu():
+    check = _script()
+    found = check.toolchain("cpu")
+    assert found["driver"] == found["nvcc"] == found["gpus"] == "skip"
+    assert found["python"] == "ok"

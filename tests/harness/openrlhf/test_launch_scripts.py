@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -64,10 +65,15 @@ def test_multi_node_runs_go_through_ray_job_submit():
         timeout=60,
         check=True,
     )
-    command = done.stdout.split()
-    assert command[:5] == ["ray", "job", "submit", "--address=http://head:8265", "--"]
-    assert command[5:9] == ["tracerl", "train", "--backend", "openrlhf"]
-    ours, theirs = command[: command.index("--", 5)], command[command.index("--", 5) + 1 :]
+    command = shlex.split(done.stdout)
+    assert command[:4] == ["ray", "job", "submit", "--address=http://head:8265"]
+    # the job's runtime env (workers need it), then the venv's own tracerl by absolute path
+    # (the entrypoint starts in a working directory of Ray's, outside the repository)
+    runtime_env = json.loads(command[4].removeprefix("--runtime-env-json="))
+    assert runtime_env["env_vars"]["VLLM_NO_USAGE_STATS"] == "1" and command[5] == "--"
+    assert command[6] == str(Path(sys.executable).parent / "tracerl")
+    assert command[7:10] == ["train", "--backend", "openrlhf"]
+    ours, theirs = command[: command.index("--", 6)], command[command.index("--", 6) + 1 :]
     assert ours[ours.index("--alloc.name") + 1] == "trace" and "--seed" in ours
     flags = dict(itertools.pairwise(theirs))  # each flag -> the word after it
     assert flags["--actor.num_nodes"] == "2" and flags["--vllm.num_engines"] == "8"
@@ -101,18 +107,42 @@ def test_every_path_the_launch_script_passes_is_absolute_and_the_model_has_a_hom
 
 
 @pytest.mark.slow  # imports OpenRLHF in a fresh interpreter (30-60 s here)
-def test_the_qwen3_launch_flags_pass_openrlhfs_parser_and_the_tree_checks():
+def test_the_qwen3_launch_flags_pass_openrlhfs_parser_and_the_tree_checks(tmp_path):
+    for name in ("train.jsonl", "eval.jsonl"):
+        (tmp_path / name).touch()
+    (tmp_path / "index").mkdir()
     done = subprocess.run(
         ["bash", str(LAUNCH), "--check-only"],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=_env(
+            DATA=str(tmp_path), RETRIEVER=str(tmp_path / "index"), SUBMIT_ADDRESS="http://head:8265"
+        ),
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "Qwen/Qwen3-8B: Trace allocator" in done.stdout
     assert "256 prompts and 3072 leaves per step" in done.stdout
     assert "multiple of 512" in done.stdout and "4 vLLM engines x TP2" in done.stdout
+    # with SUBMIT_ADDRESS: checked here, and the submit it would make is printed
+    assert "would submit: ray job submit --address=http://head:8265" in done.stdout
+
+
+@pytest.mark.slow  # imports OpenRLHF in a fresh interpreter (30-60 s here)
+def test_check_only_refuses_what_a_two_node_cluster_would(tmp_path):
+    done = subprocess.run(
+        ["bash", str(LAUNCH), "--check-only"],
+        capture_output=True,
+        text=True,
+        env=_env(NODES="2", TP="3", DATA=str(tmp_path / "missing")),
+        timeout=600,
+    )
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()[-1:]
+    assert line.startswith("tracerl train: the run's layout would fail:")
+    assert f"--data.prompt_dataset {tmp_path}/missing/train.jsonl does not exist" in line
+    assert "http://127.0.0.1:8000 is a loopback address, but the run has 2 nodes" in line
+    assert "--vllm.tensor_parallel_size 3 does not divide the 8 GPUs per node" in line
 
 
 @pytest.mark.slow  # OpenRLHF's parser, then 3 tree steps of the tiny policy on CPU (1-2 min)
@@ -131,7 +161,8 @@ def test_the_gpu_smoke_checks_its_flags_and_rehearses_steps_that_keep_leaves(tmp
     assert done.returncode == 0, done.stdout + log[-3000:]
     lines = done.stdout.strip().splitlines()
     assert lines[-1].startswith("GPU SMOKE: CHECKED"), done.stdout
-    assert "ZeRO-2" in done.stdout and "1 vLLM engines" in done.stdout
+    assert "ZeRO-3" in done.stdout and "1 vLLM engines" in done.stdout  # as the 8B run
+    assert "doctor: PASS" in done.stdout  # the machine checks ran; on CPU the GPU ones skip
     assert "openrlhf 0.11.2" in done.stdout  # the versions it ran with
     # the environment is the shipped policy's own (tiny_policy.json), not SearchQAConfig's
     assert "env: 8 turns, 2 documents of at most 240 characters" in done.stdout
