@@ -18,7 +18,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -51,9 +51,16 @@ from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.protocol import Protocol
 from envs.rewards import RewardKind
+from envs.synthetic.config import WorldConfig
 from envs.tasks import TaskSet
 from harness.backends.base import PolicyBackend, SamplingParams
 from harness.errors import EndpointError, EndpointRejected, HarnessError
+from harness.policy_protocol import (
+    ENV_FIELDS,
+    PolicyProtocol,
+    PolicyProtocolError,
+    read_policy_protocol,
+)
 from harness.task_sources import fact_disjoint_questions
 from retrieval import (
     BM25Retriever,
@@ -78,6 +85,7 @@ __all__ = [
     "load_data",
     "make_agent",
     "run_bench",
+    "with_policy_protocol",
 ]
 
 log = logging.getLogger(__name__)
@@ -109,6 +117,9 @@ class DataArgs:
     """Keep the first N questions of each dataset (files of one dataset count together)."""
     world_seed: int = 0
     """Seed of the synthetic world (`--dataset synthetic`, the default)."""
+    world: WorldConfig = field(default_factory=WorldConfig)
+    """Size and shape of the synthetic world (`--world.sentences-per-doc 1`, ...); a field left
+    at its default takes the value of the policy's `policy_protocol.json`, if it records a world."""
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
@@ -139,7 +150,7 @@ def _load_synthetic(args: DataArgs) -> LoadedData:
         raise UnknownBenchmarkNameError(
             f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}"
         )
-    world = World.generate(args.world_seed)
+    world = World.generate(args.world_seed, args.world)
     if split == "fact_disjoint":  # questions of a larger draw of the same world (same corpus)
         world, tasks = fact_disjoint_questions(world, world.split().train)
     else:
@@ -316,7 +327,8 @@ class AgentArgs:
     epsilon: float = 0.0
     """oracle on the synthetic world: noise rate (wrong queries and answers)."""
     prompt_template: str | None = None
-    """The prompt, with a literal `{question}`; unset: Search-R1's instruction prompt."""
+    """The prompt, with a literal `{question}`; unset: the policy's (`policy_protocol.json`),
+    else Search-R1's instruction prompt."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,15 +348,18 @@ class BenchConfig(AgentArgs, DataArgs):
     corpus_world_seed: int | None = None
     """Synthetic questions only: search this world's documents instead of their own (the
     decoy check: no document holds an answer, so EM measures answering from memory)."""
-    protocol: Protocol = "trace-rl"
+    protocol: Protocol | None = None
     """`search-r1` reproduces Search-R1's prompt, observation text and action parsing byte for
     byte (to evaluate its checkpoints); `trace-rl` is ours (docs/benchmarks.md, "Where we
-    differ")."""
+    differ"). Unset: the policy's (`policy_protocol.json`), else trace-rl."""
     max_turns: int | None = None
-    """Actions per episode. Unset: 4, or 5 with `--protocol search-r1` (its `max_turns=4` is
-    four search rounds plus a final answer-only round)."""
-    top_k: int = 3
-    """Documents per search."""
+    """Actions per episode. Unset: the policy's, else 4, or 5 with `--protocol search-r1` (its
+    `max_turns=4` is four search rounds plus a final answer-only round)."""
+    top_k: int | None = None
+    """Documents per search. Unset: the policy's, else 3."""
+    max_doc_chars: int | None = None
+    """Each document is cut to this many characters (trace-rl protocol). Unset: the policy's,
+    else 2,000."""
     reward: RewardKind = "em"
     """The env's reward (EM / sub-EM / F1 are reported whatever it is)."""
     seed: int = 0
@@ -366,6 +381,16 @@ class BenchConfig(AgentArgs, DataArgs):
             return self.max_turns
         return 5 if self.protocol == "search-r1" else 4
 
+    @property
+    def env_protocol(self) -> Protocol:
+        """`--protocol`, or trace-rl."""
+        return self.protocol or "trace-rl"
+
+    @property
+    def env_top_k(self) -> int:
+        """`--top-k`, or 3."""
+        return 3 if self.top_k is None else self.top_k
+
 
 def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[str, Any]]:
     """The retriever the run uses, and how the report describes it."""
@@ -385,7 +410,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         retriever = CachedRetriever(BM25Retriever.build(read_corpus(config.corpus)))
         source = {"corpus": str(config.corpus)}
     elif config.corpus_world_seed is not None:
-        decoy = World.generate(config.corpus_world_seed)
+        decoy = World.generate(config.corpus_world_seed, config.world)
         retriever = CachedRetriever(BM25Retriever.build(decoy.documents))
         source = {"corpus": f"world {decoy.seed}'s documents (a decoy: not the questions' own)"}
     elif data.world is not None:
@@ -412,7 +437,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         "index_id": retriever.index_id,
         "manifest": _manifest_json(manifest, built_now=config.index is None and not url),
         "n_documents": len(documents) if documents is not None else _n_documents(manifest),
-        "top_k": config.top_k,
+        "top_k": config.env_top_k,
         # `tracerl corpus` ids: the pooled paragraphs shipped with the questions themselves
         "distractor_pool": documents is not None
         and all(_PARAGRAPH_ID.fullmatch(d.doc_id) for d in documents),
@@ -703,11 +728,12 @@ def _stable_config(config: BenchConfig) -> dict[str, Any]:
 
 
 def _config_json(config: BenchConfig) -> dict[str, Any]:
-    return {
+    record = {
         k: (str(v) if isinstance(v, Path) else list(map(str, v)) if isinstance(v, tuple) else v)
         for k, v in asdict(config).items()
         if k != "api_key"
     }
+    return dict(json.loads(json.dumps(record)))  # as `run.json` reads back (tuples as lists)
 
 
 def _episodes_report(
@@ -783,7 +809,11 @@ def run_bench(
             `EndpointError`/`EndpointRejected` when a model endpoint is unreachable or does not
             serve the model.
     """
-    setup = _set_up(config, _flags(config) if command is None else list(command))
+    command = _flags(config) if command is None else list(command)
+    config, policy_record = with_policy_protocol(config)
+    setup = _set_up(config, command)
+    if policy_record is not None:
+        setup.meta["policy_protocol"] = policy_record
     for agent in setup.agents:
         check = getattr(agent, "check_endpoint", None)
         if check is not None:
@@ -807,6 +837,70 @@ def run_bench(
     )
 
 
+def _policy_protocol(config: BenchConfig) -> tuple[Path, PolicyProtocol] | None:
+    """The protocol the local model folder carries (`policy_protocol.json`), if any.
+
+    Raises:
+        BenchmarkError: the file is there but unreadable.
+    """
+    local = {"transformers", "vllm"} & set(config.agent)
+    if not local or config.model is None or not Path(config.model).is_dir():
+        return None
+    try:
+        protocol = read_policy_protocol(config.model)
+    except PolicyProtocolError as err:
+        raise BenchmarkError(f"--model: {err}") from None
+    return None if protocol is None else (Path(config.model), protocol)
+
+
+def with_policy_protocol(config: BenchConfig) -> tuple[BenchConfig, dict[str, Any] | None]:
+    """`config` with every env setting it leaves unset taken from the policy's protocol.
+
+    A flag that is set overrides that one field. Returns the config and, for a policy that
+    carries a protocol, the record the report keeps: the file, the overrides, and the
+    differences between the policy's protocol and the one played (logged: each override, then
+    one warning listing every difference).
+
+    Raises:
+        BenchmarkError: the policy's protocol file is unreadable.
+    """
+    found = _policy_protocol(config)
+    if found is None:
+        return config, None
+    folder, policy = found
+    given = {name: getattr(config, name) for name in ENV_FIELDS}
+    overrides = [f"--{k.replace('_', '-')} {v!r}" for k, v in given.items() if v is not None]
+    filled = {k: getattr(policy, k) if v is None else v for k, v in given.items()}
+    world = config.world
+    synthetic = policy.world is not None and not config.data_file and not config.dataset
+    if synthetic and policy.world is not None:
+        default = WorldConfig()
+        changed = {
+            f.name: getattr(world, f.name)
+            for f in fields(WorldConfig)
+            if getattr(world, f.name) != getattr(default, f.name)
+        }
+        overrides += [f"--world.{k.replace('_', '-')} {v!r}" for k, v in changed.items()]
+        world = replace(policy.world, **changed)
+    resolved = replace(config, **filled, world=world)
+    played: dict[str, Any] = {**filled, "world": world if synthetic else None}
+    differences = policy.differences(played)
+    log.info("playing the protocol of %s (%s)", folder, PROTOCOL_FILE_NOTE)
+    for flag in overrides:
+        log.info("override: %s", flag)
+    if differences:
+        log.warning(
+            "%s is played under a protocol that differs from its own: %s",
+            folder,
+            "; ".join(differences),
+        )
+    record = {"source": str(folder), "overrides": overrides, "differences": differences}
+    return resolved, record
+
+
+PROTOCOL_FILE_NOTE = "its policy_protocol.json; a flag overrides one field"
+
+
 def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
     """Load, index and build everything a run needs, checking the input on the way."""
     state = RunState(
@@ -822,17 +916,19 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
     tasks = _recall_tasks(data.dataset.tasks, retriever)
     env_kwargs: dict[str, Any] = {
         "max_turns": config.env_max_turns,
-        "top_k": config.top_k,
+        "top_k": config.env_top_k,
         "reward": config.reward,
-        "protocol": config.protocol,
+        "protocol": config.env_protocol,
     }
     if config.prompt_template is not None:
         env_kwargs["prompt_template"] = config.prompt_template
+    if config.max_doc_chars is not None:
+        env_kwargs["max_doc_chars"] = config.max_doc_chars
     env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
     meta = _meta(config, command, data, retriever_meta, env_config)
     meta["created_at"] = state.created_at
     agents = [
-        make_agent(kind, config, data, seed=config.seed, protocol=config.protocol)
+        make_agent(kind, config, data, seed=config.seed, protocol=config.env_protocol)
         for kind in dict.fromkeys(config.agent)
     ]
     planless = _planless(data) if "oracle" in config.agent else set()
@@ -915,7 +1011,12 @@ def _flags(config: BenchConfig) -> list[str]:
         if f.name in ("resume", "api_key") or value == getattr(default, f.name):
             continue
         flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
+        if isinstance(value, WorldConfig):
+            for sub in fields(WorldConfig):
+                sub_value = getattr(value, sub.name)
+                if sub_value != getattr(default.world, sub.name):
+                    flags += [f"--world.{sub.name.replace('_', '-')}", str(sub_value)]
+        elif isinstance(value, bool):
             flags.append(flag if value else f"--no-{f.name.replace('_', '-')}")
         elif isinstance(value, tuple):
             flags += [flag, *map(str, value)]

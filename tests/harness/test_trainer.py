@@ -27,6 +27,7 @@ from harness.config import (
 )
 from harness.errors import ResumeError
 from harness.metrics_log import plot_run, read_metrics
+from harness.policy_protocol import PROTOCOL_FILE, read_policy_protocol
 from harness.tiny_policy import EnvSettings
 from harness.trainer import DataCursor, train, update_policy
 
@@ -308,6 +309,10 @@ def test_a_short_run_logs_every_metric_checkpoints_and_plots(tmp_path, policy_di
     assert summary.totals["leaves"] == 32
     assert summary.totals["tokens"] == sum(r["budget/tokens"] for r in records[1:])
     assert (summary.policy_dir / "config.json").exists()
+    protocol = (summary.policy_dir / PROTOCOL_FILE).read_text()  # the env it was trained in
+    assert read_policy_protocol(summary.policy_dir) == config.task.env.protocol(
+        config.task.world_seed, config.task.world
+    ), protocol
     assert (config.run_dir / "checkpoints" / "step_000002" / "model.pt").exists()
     assert list((config.run_dir / "tensorboard").iterdir())
     assert len(list((config.run_dir / "trees").glob("*.jsonl"))) == 2
