@@ -34,7 +34,7 @@ from envs import ScriptedPolicy
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
 from harness.episodes import EpisodeCodec
-from harness.errors import ContextLengthExceeded, EndpointRejected
+from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -53,7 +53,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FinishReason = Literal["stop", "length", "eos", "context", "scripted"]
+FinishReason = Literal["stop", "length", "eos", "context", "error", "scripted"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +66,8 @@ class AgentAction:
     """Tokens generated for it (0 for scripted agents)."""
     finish_reason: FinishReason = "scripted"
     """How generation ended; `context` means the transcript outgrew the model's context, and
-    the episode is stopped there (the action text is then empty)."""
+    the episode is stopped there (the action text is then empty); `error` means the endpoint's
+    replies stayed malformed after the retries, and only that episode is stopped."""
 
 
 @runtime_checkable
@@ -439,7 +440,8 @@ class HTTPAgent:
         """Send every running episode's transcript at once; append each reply.
 
         An episode whose prompt the endpoint refuses as too long for the model's context ends
-        there (`finish_reason="context"`); any other refusal is raised.
+        there (`finish_reason="context"`), as does one whose replies stay malformed after the
+        retries (`"error"`); any other refusal is raised.
 
         Raises:
             EndpointError: the endpoint did not answer within its retries.
@@ -457,6 +459,10 @@ class HTTPAgent:
         for state, reply in zip(states, replies, strict=True):
             if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
                 actions.append(AgentAction(text="", finish_reason="context"))
+                continue
+            if isinstance(reply, MalformedReply):  # this episode only; the run goes on
+                log.warning("an episode ends without an answer: %s", reply)
+                actions.append(AgentAction(text="", finish_reason="error"))
                 continue
             if isinstance(reply, EndpointRejected):
                 raise reply

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import platform
+import random
 import re
 import shlex
 import sys
@@ -46,7 +47,13 @@ from benchmarks.qa.qa_datasets import (
     load_named,
 )
 from benchmarks.qa.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
-from benchmarks.qa.runs import VOLATILE, EpisodeStream, RunState, read_finished
+from benchmarks.qa.runs import (
+    VOLATILE,
+    EpisodeStream,
+    RunState,
+    check_fresh_out,
+    read_finished,
+)
 from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.protocol import Protocol
@@ -115,6 +122,12 @@ class DataArgs:
     """A local copy of the hub repo (e.g. from `hf download`) to load `--dataset` from."""
     limit: int | None = None
     """Keep the first N questions of each dataset (files of one dataset count together)."""
+    sample: int | None = None
+    """Keep N questions drawn at random (`--sample-seed`), stratified by dataset, question
+    type and hop count: each group keeps its share of N (largest remainders round)."""
+    sample_seed: int = 0
+    """Seeds `--sample`'s draw (apart from `--seed`, so samples at several seeds share the
+    questions)."""
     world_seed: int = 0
     """Seed of the synthetic world (`--dataset synthetic`, the default)."""
     world: WorldConfig = field(default_factory=WorldConfig)
@@ -124,6 +137,8 @@ class DataArgs:
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"--limit {self.limit}: must be >= 1")
+        if self.sample is not None and (self.sample < 1 or self.limit is not None):
+            raise ValueError(f"--sample {self.sample}: must be >= 1, and not with --limit")
         if self.name and len(self.name) != len(self.data_file):
             raise ValueError(
                 f"--name: {len(self.name)} names for {len(self.data_file)} --data-file paths; "
@@ -195,7 +210,7 @@ def load_data(args: DataArgs, *, allow_synthetic: bool = True) -> LoadedData:
             )
         if len(names) > 1 or args.data_file:
             raise BenchmarkError("evaluate the synthetic world on its own, not mixed with others")
-        return _load_synthetic(args)
+        return _sampled(_load_synthetic(args), args)
     file_names = args.name or (None,) * len(args.data_file)
     parts = [
         load_file(path, format=args.format, name=name)
@@ -207,7 +222,41 @@ def load_data(args: DataArgs, *, allow_synthetic: bool = True) -> LoadedData:
     ]
     if args.limit is not None:
         parts = [_first_per_dataset(combine(parts), args.limit)]
-    return LoadedData(parts=tuple(parts), world=None)
+    return _sampled(LoadedData(parts=tuple(parts), world=None), args)
+
+
+def _sampled(data: LoadedData, args: DataArgs) -> LoadedData:
+    """`data` cut to `--sample N` questions, stratified by (dataset, question type, hops).
+
+    Raises:
+        BenchmarkError: N is more than there are questions.
+    """
+    if args.sample is None:
+        return data
+    dataset = data.dataset
+    if args.sample > len(dataset.tasks):
+        raise BenchmarkError(
+            f"--sample {args.sample}: there are only {len(dataset.tasks)} questions"
+        )
+    groups: dict[tuple[str, str, int | None], list[int]] = {}
+    for i, task in enumerate(dataset.tasks):
+        groups.setdefault((task.dataset, task.question_type, task.n_hops), []).append(i)
+    total = len(dataset.tasks)
+    shares = {k: args.sample * len(v) / total for k, v in groups.items()}
+    counts = {k: int(share) for k, share in shares.items()}
+    by_remainder = sorted(groups, key=lambda k: (counts[k] - shares[k], str(k)))
+    for key in by_remainder[: args.sample - sum(counts.values())]:
+        counts[key] += 1
+    rng = random.Random(args.sample_seed)
+    kept = sorted(i for k, v in groups.items() for i in rng.sample(v, counts[k]))
+    tasks = TaskSet(dataset.tasks[i] for i in kept)
+    ids = {t.task_id for t in tasks}
+    sample = replace(
+        dataset,
+        tasks=tasks,
+        decompositions={k: v for k, v in dataset.decompositions.items() if k in ids},
+    )
+    return LoadedData(parts=(sample,), world=data.world)
 
 
 def _first_per_dataset(dataset: LoadedDataset, limit: int) -> LoadedDataset:
@@ -373,6 +422,8 @@ class BenchConfig(AgentArgs, DataArgs):
     resume: bool = False
     """Continue the run in --out: keep its finished episodes (trajectories.jsonl) and play only
     the rest; the report is the one an uninterrupted run writes."""
+    overwrite: bool = False
+    """Replace the run already in --out (without it, a run there is refused, never lost)."""
 
     @property
     def env_max_turns(self) -> int:
@@ -911,6 +962,8 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
         previous = RunState.read(config.out)
         previous.check_same(state.config, config.out)
         state = previous
+    else:
+        check_fresh_out(config.out, overwrite=config.overwrite)
     data = load_data(config)
     retriever, retriever_meta = _retriever(config, data)
     tasks = _recall_tasks(data.dataset.tasks, retriever)
@@ -1046,11 +1099,23 @@ def bench(argv: list[str]) -> int:
             "command with --resume to finish it",
             file=sys.stderr,
         )
+        if config.json:
+            _print_json(result, config.out)
         return 1
     paths = result.paths
     _print_summary(list(result.reports), result.meta)
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['trajectories']}, {paths['plot']}")
     if config.json:
-        summary = {r.agent: r.overall.to_json() for r in result.reports}
-        print(json.dumps({"out": str(config.out), "overall": summary}, sort_keys=True), flush=True)
+        _print_json(result, config.out)
     return 0
+
+
+def _print_json(result: BenchResult, out: Path) -> None:
+    """`--json`'s last line: the overall figures per agent (`partial` on a stopped run)."""
+    payload: dict[str, Any] = {
+        "out": str(out),
+        "overall": {r.agent: r.overall.to_json() for r in result.reports},
+    }
+    if result.failure is not None:
+        payload["partial"] = result.meta["partial"]
+    print(json.dumps(payload, sort_keys=True), flush=True)

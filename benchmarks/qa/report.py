@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from benchmarks.qa.evaluation import SCHEMA_VERSION, Metrics, Report
+from benchmarks.qa.runs import write_atomic
 
 __all__ = [
     "ACC_NOTE",
@@ -240,14 +242,18 @@ def write_reports(
         "meta": dict(meta),
         "reports": [r.to_json() for r in reports],
     }
-    paths["json"].write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", "utf-8")
-    paths["markdown"].write_text(markdown_report(reports, meta) + "\n", encoding="utf-8")
-    with paths["trajectories"].open("w", encoding="utf-8") as handle:
-        for report in reports:
-            for episode in report.episodes:
-                line = {"agent": report.agent, **episode.to_json()}
-                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+    # each file is replaced whole: a kill here leaves the streamed trajectories.jsonl (every
+    # finished episode) or the final one (the same episodes, in task order), never a part
+    write_atomic(paths["json"], json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(paths["markdown"], markdown_report(reports, meta) + "\n")
+    lines = [
+        json.dumps({"agent": report.agent, **episode.to_json()}, ensure_ascii=False) + "\n"
+        for report in reports
+        for episode in report.episodes
+    ]
+    write_atomic(paths["trajectories"], "".join(lines))
     if reports:
-        plot_reports(reports, paths["plot"])
+        tmp_plot = plot_reports(reports, directory / ".report.tmp.png")
+        os.replace(tmp_plot, paths["plot"])
     log.info("wrote %s", ", ".join(str(p) for p in paths.values()))
     return paths

@@ -373,6 +373,8 @@ class SearchR1Stub:
                     transcript = "".join(m["content"] for m in body["messages"])
                 else:
                     transcript = body["prompt"]
+                if "broken reply" in transcript:  # a 200 without choices, every time
+                    return JSONResponse({"choices": []})
                 text, stop = self.completion(transcript)
                 if stop is None:
                     error = {"message": "This model's maximum context length is 64 tokens."}
@@ -451,6 +453,23 @@ def test_http_agent_ends_only_the_episode_that_outgrew_the_context(stub_server) 
     acme, long = report.episodes
     assert acme.end == "answer" and acme.em == 1.0
     assert long.end == "context" and long.n_turns == 1 and long.answer is None
+
+
+def test_a_malformed_reply_is_asked_again_then_fails_only_its_episode(stub_server) -> None:
+    url, stub = stub_server
+    tasks = TaskSet([*TASKS[:1], QATask(task_id="bad", question="Who founded Acme, broken reply?",
+                                        golden_answers=("Ann Vole",))])  # fmt: skip
+    retriever = BM25Retriever.build(DOCS)
+    report = evaluate(
+        _http_agent(url, max_retries=2),
+        lambda: SearchQAEnv(tasks, retriever, top_k=1, prompt_template=TEMPLATE),
+        tasks,
+    )
+    acme, bad = report.episodes
+    assert acme.end == "answer" and acme.em == 1.0  # the run went on
+    assert bad.end == "error" and bad.n_turns == 0 and bad.answer is None
+    asked = [r for r in stub.requests if "broken reply" in r["prompt"]]
+    assert len(asked) == 3  # the first ask and two retries
 
 
 def test_http_agent_runs_episodes_concurrently(stub_server) -> None:
