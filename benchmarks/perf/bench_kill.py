@@ -134,6 +134,11 @@ def main() -> None:
                     "missing": len(reported - on_disk),
                     "run_completed": done,
                     "report_json_whole": report_ok,
+                    "final_files_at_kill": sorted(
+                        p.name
+                        for p in folder.glob("report.*")
+                        if p.suffix in (".json", ".md", ".png")
+                    ),
                     "ok": ok,
                 }
             )
