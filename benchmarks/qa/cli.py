@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
@@ -359,9 +359,9 @@ class AgentArgs:
     max_context_tokens: int = 4096
     """transformers / vllm: stop an episode whose transcript would outgrow this."""
     chat_template: bool | None = None
-    """Wrap the prompt as a user message in the model's chat template. Unset: on with
-    `--protocol search-r1` when the tokenizer has a template (as Search-R1 does), else off.
-    openai needs `--tokenizer` for it."""
+    """`--chat-template` / `--no-chat-template`: wrap the prompt as a user message in the
+    model's chat template, or not. Unset: on with `--protocol search-r1` when the tokenizer has
+    a template (as Search-R1 does), else off. openai needs `--tokenizer` for it."""
     tokenizer: Path | None = None
     """openai: a local tokenizer folder whose chat template wraps the prompt (the served
     model's, for `--protocol search-r1`)."""
@@ -378,6 +378,8 @@ class AgentArgs:
     prompt_template: str | None = None
     """The prompt, with a literal `{question}`; unset: the policy's (`policy_protocol.json`),
     else Search-R1's instruction prompt."""
+    prompt_template_file: Path | None = None
+    """A file holding the prompt template (instead of `--prompt-template`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,8 +406,8 @@ class BenchConfig(AgentArgs, DataArgs):
     max_turns: int | None = None
     """Actions per episode. Unset: the policy's, else 4, or 5 with `--protocol search-r1` (its
     `max_turns=4` is four search rounds plus a final answer-only round)."""
-    top_k: int | None = None
-    """Documents per search. Unset: the policy's, else 3."""
+    top_k: Annotated[int | None, tyro.conf.arg(aliases=("--topk",))] = None
+    """Documents per search (`--topk`, Search-R1's spelling, too). Unset: the policy's, else 3."""
     max_doc_chars: int | None = None
     """Each document is cut to this many characters (trace-rl protocol). Unset: the policy's,
     else 2,000."""
@@ -861,6 +863,7 @@ def run_bench(
             serve the model.
     """
     command = _flags(config) if command is None else list(command)
+    config = _with_prompt_file(config)
     config, policy_record = with_policy_protocol(config)
     setup = _set_up(config, command)
     if policy_record is not None:
@@ -886,6 +889,26 @@ def run_bench(
     return BenchResult(
         reports=tuple(reports), meta=meta, paths=paths, failure=failure, loop_s=loop_s
     )
+
+
+def _with_prompt_file(config: BenchConfig) -> BenchConfig:
+    """`config` with `--prompt-template-file`'s text as its prompt template.
+
+    Raises:
+        BenchmarkError: both prompt flags, or an unreadable file (named).
+    """
+    path = config.prompt_template_file
+    if path is None:
+        return config
+    if config.prompt_template is not None:
+        raise BenchmarkError("pass --prompt-template or --prompt-template-file, not both")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchmarkError(f"--prompt-template-file {path}: cannot read it ({err})") from None
+    if "{question}" not in text:
+        raise BenchmarkError(f"--prompt-template-file {path}: holds no literal {{question}}")
+    return replace(config, prompt_template=text)
 
 
 def _policy_protocol(config: BenchConfig) -> tuple[Path, PolicyProtocol] | None:
@@ -1084,7 +1107,7 @@ def bench(argv: list[str]) -> int:
     Returns 0 on success, 2 on bad input (nothing run), 1 when the run stopped part-way (a
     partial report is written; `--resume` finishes it).
     """
-    config = tyro.cli(BenchConfig, args=argv, prog="tracerl bench")
+    config = tyro.cli(BenchConfig, args=flag_pairs(argv, ("chat_template",)), prog="tracerl bench")
     try:
         result = run_bench(config, command=argv)
     except (EndpointError, EndpointRejected) as err:  # the endpoint check, before any episode
@@ -1108,6 +1131,27 @@ def bench(argv: list[str]) -> int:
     if config.json:
         _print_json(result, config.out)
     return 0
+
+
+def flag_pairs(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """`argv` with `--NAME` / `--no-NAME` spelled as tyro reads an unset-able boolean.
+
+    A `bool | None` field (unset: decided later) takes a value in tyro (`--chat-template True`);
+    the documented spelling is the flag pair, so a bare `--chat-template` (followed by another
+    flag or nothing) becomes `--chat-template True` and `--no-chat-template` becomes
+    `--chat-template False`. An explicit value is left as it is.
+    """
+    flags = {"--" + n.replace("_", "-") for n in names}
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if arg in flags and (following is None or following.startswith("--")):
+            out += [arg, "True"]
+        elif arg.startswith("--no-") and "--" + arg[5:] in flags:
+            out += ["--" + arg[5:], "False"]
+        else:
+            out.append(arg)
+    return out
 
 
 def _print_json(result: BenchResult, out: Path) -> None:
