@@ -634,15 +634,18 @@ def make_agent(
     if kind == "openai":
         from harness.backends.openai_compat import EndpointConfig, OpenAICompatClient
 
-        endpoint = EndpointConfig(
-            base_url=args.base_url,
-            model=args.model,
-            api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
-            timeout_s=args.timeout_s,
-            max_retries=args.max_retries,
-            max_concurrency=args.concurrency,
-            extensions=args.extensions,
-        )
+        try:
+            endpoint = EndpointConfig(
+                base_url=args.base_url,
+                model=args.model,
+                api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+                timeout_s=args.timeout_s,
+                max_retries=args.max_retries,
+                max_concurrency=args.concurrency,
+                extensions=args.extensions,
+            )
+        except ValueError as err:
+            raise BenchmarkError(as_flags(str(err))) from None
         return HTTPAgent(
             name,
             OpenAICompatClient(endpoint),
@@ -1111,15 +1114,15 @@ def bench(argv: list[str]) -> int:
     try:
         result = run_bench(config, command=argv)
     except (EndpointError, EndpointRejected) as err:  # the endpoint check, before any episode
-        print(f"tracerl bench: {err}", file=sys.stderr)
+        print(f"tracerl bench: {as_flags(str(err))}", file=sys.stderr)
         return 2
     except (BenchmarkError, RetrievalError, EnvError, HarnessError) as err:
         log.error("%s", err)
         return 2
     if result.failure is not None:
         print(
-            f"tracerl bench: {result.failure}. Partial report in {config.out}; run the same "
-            "command with --resume to finish it",
+            f"tracerl bench: {as_flags(result.failure)}. Partial report in {config.out}; run "
+            "the same command with --resume to finish it",
             file=sys.stderr,
         )
         if config.json:
@@ -1131,6 +1134,25 @@ def bench(argv: list[str]) -> int:
     if config.json:
         _print_json(result, config.out)
     return 0
+
+
+_FLAG_OF_FIELD = {
+    "timeout_s": "--timeout-s",
+    "max_retries": "--max-retries",
+    "max_concurrency": "--concurrency",
+    "base_url": "--base-url",
+}
+"""`EndpointConfig` fields whose errors reach a `tracerl bench` user, and their flags."""
+
+
+def as_flags(message: str) -> str:
+    """`message` with the endpoint's Python field names spelled as `tracerl bench` flags.
+
+    >>> as_flags("raise the timeout (timeout_s) or the retries (max_retries)")
+    'raise the timeout (--timeout-s) or the retries (--max-retries)'
+    """
+    pattern = r"(?<![\w-])(" + "|".join(_FLAG_OF_FIELD) + r")\b"
+    return re.sub(pattern, lambda m: _FLAG_OF_FIELD[m.group(1)], message)
 
 
 def flag_pairs(argv: Sequence[str], names: Sequence[str]) -> list[str]:

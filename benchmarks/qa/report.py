@@ -192,12 +192,15 @@ def plot_reports(reports: Sequence[Report], path: str | Path) -> Path:
     for i, report in enumerate(reports):
         by_type = report.by_type
         em = [by_type[t].em if t in by_type else 0.0 for t in types]
-        left.bar(x + (i - (len(reports) - 1) / 2) * width, em, width, label=report.agent)
+        bars = left.bar(x + (i - (len(reports) - 1) / 2) * width, em, width, label=report.agent)
+        counts = [f"n={by_type[t].n}" if t in by_type else "" for t in types]
+        left.bar_label(bars, labels=counts, fontsize=6, padding=1)  # how much each bar rests on
     left.set_xticks(x, types, rotation=30, ha="right", fontsize=8)
-    left.set_ylim(0, 1.05)
+    left.set_ylim(0, 1.3)  # the band above 1 holds the n labels and the legend, clear of bars
+    left.set_yticks(np.linspace(0, 1, 6))
     left.set_ylabel("EM")
     left.set_title("EM per question type")
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper center", ncols=max(1, len(reports)))
     bins = np.arange(max_searches + 1)
     for i, report in enumerate(reports):
         hist = report.overall.searches_hist

@@ -47,3 +47,12 @@ def test_prompt_template_file_sets_the_prompt(tmp_path):
     missing = tmp_path / "nope.txt"
     with pytest.raises(BenchmarkError, match=f"--prompt-template-file {missing}"):
         run_bench(BenchConfig(prompt_template_file=missing, out=tmp_path / "x"))
+
+
+def test_endpoint_errors_name_the_flags_not_the_python_fields(tmp_path, caplog):
+    from benchmarks.qa.cli import bench
+
+    args = ["--agent", "openai", "--model", "m", "--max-retries", "-1", "--out", str(tmp_path)]
+    assert bench(args) == 2
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "--max-retries" in errors[0] and "max_retries" not in errors[0]
