@@ -21,6 +21,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO, cast
 
 import tyro
 
@@ -109,7 +110,10 @@ def _setup_logging(level: int) -> None:
 
     # stderr, so that stdout carries only a command's output (`--json`'s last line stays parseable)
     handler = RichHandler(
-        console=Console(file=AboveBars()), show_path=False, rich_tracebacks=False, markup=False
+        console=Console(file=cast("IO[str]", AboveBars())),
+        show_path=False,
+        rich_tracebacks=False,
+        markup=False,
     )
     # the handler filters too: bm25s sets its own logger to DEBUG at import, which the root
     # level alone would let through to the user
