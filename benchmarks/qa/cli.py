@@ -949,7 +949,7 @@ def with_policy_protocol(config: BenchConfig) -> tuple[BenchConfig, dict[str, An
     overrides = [f"--{k.replace('_', '-')} {v!r}" for k, v in given.items() if v is not None]
     filled = {k: getattr(policy, k) if v is None else v for k, v in given.items()}
     world = config.world
-    synthetic = policy.world is not None and not config.data_file and not config.dataset
+    synthetic = not config.data_file and set(config.dataset) <= {"synthetic"}
     if synthetic and policy.world is not None:
         default = WorldConfig()
         changed = {
@@ -960,7 +960,7 @@ def with_policy_protocol(config: BenchConfig) -> tuple[BenchConfig, dict[str, An
         overrides += [f"--world.{k.replace('_', '-')} {v!r}" for k, v in changed.items()]
         world = replace(policy.world, **changed)
     resolved = replace(config, **filled, world=world)
-    played: dict[str, Any] = {**filled, "world": world if synthetic else None}
+    played: dict[str, Any] = {**filled, "world": world if synthetic else None}  # None: not compared
     differences = policy.differences(played)
     log.info("playing the protocol of %s (%s)", folder, PROTOCOL_FILE_NOTE)
     for flag in overrides:

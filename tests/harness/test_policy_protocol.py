@@ -55,6 +55,10 @@ def test_bench_plays_the_policys_protocol_by_default(caplog):
     assert config.world == WorldConfig(sentences_per_doc=1, questions_per_kind=40)
     assert record is not None and record["overrides"] == [] and record["differences"] == []
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    named, _ = with_policy_protocol(
+        BenchConfig(dataset=("synthetic",), agent=("transformers",), model=SHIPPED)
+    )
+    assert named.world == config.world  # `--dataset synthetic` is the same world
 
 
 def test_a_flag_overrides_one_field_and_one_warning_names_each_difference(caplog):
