@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from benchmarks.qa.qa_datasets import DecompositionStep, LoadedDataset
@@ -272,11 +272,25 @@ class PolicyAgent:
         self.chat_template = chat_template
         self.max_context_tokens = max_context_tokens
         self._settings = dict(settings or {})
+        self._n_calls = 0
 
     @property
     def name(self) -> str:
         """The label in reports."""
         return self._name
+
+    def _call_sampling(self) -> SamplingParams:
+        """This call's sampling: a seed of its own, derived from the run's seed.
+
+        A backend seeded with the same value on every call draws the same random numbers for
+        the same batch position on every turn, so a T > 0 run would not sample independently:
+        one seed's EM on the shipped warm start differed from another's by 0.11.
+        """
+        seed = self.sampling.seed
+        self._n_calls += 1
+        if seed is None:
+            return self.sampling
+        return replace(self.sampling, seed=(seed * 1_000_003 + self._n_calls) % 2**63)
 
     def settings(self) -> dict[str, Any]:
         """Backend, sampling and prompt handling."""
@@ -315,7 +329,9 @@ class PolicyAgent:
             else:
                 todo.append(i)
         if todo:
-            completions = self.backend.generate([states[i].ids for i in todo], self.sampling)
+            completions = self.backend.generate(
+                [states[i].ids for i in todo], self._call_sampling()
+            )
             for i, completion in zip(todo, completions, strict=True):
                 states[i].ids.extend(completion.token_ids)
                 actions[i] = AgentAction(

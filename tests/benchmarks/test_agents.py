@@ -146,9 +146,11 @@ class ScriptedBackend:
 
     def __init__(self) -> None:
         self.calls: list[list[list[int]]] = []
+        self.seeds: list[int | None] = []
 
     def generate(self, prefixes, sampling: SamplingParams) -> list[Completion]:
         self.calls.append([list(p) for p in prefixes])
+        self.seeds.append(sampling.seed)
         out = []
         for prefix in prefixes:
             text = ANSWER if ord("<") in prefix[10:] else SEARCH
@@ -184,6 +186,17 @@ def test_policy_agent_feeds_the_policy_what_the_training_harness_does() -> None:
         trained, _env_factory()(), ["acme"], EpisodeCodec(tokenizer), sampling=agent.sampling
     )
     assert evaluated.calls == trained.calls and len(trained.calls) == 2
+
+
+def test_policy_agent_draws_fresh_random_numbers_on_every_turn() -> None:
+    # one seed for every call would replay the same draws at the same batch position each turn
+    backend = ScriptedBackend()
+    sampling = SamplingParams(max_new_tokens=64, temperature=1.0, seed=3)
+    evaluate(PolicyAgent("fake", backend, CharTokenizer(), sampling), _env_factory(), TASKS[:1])
+    assert len(backend.seeds) == 2 and len(set(backend.seeds)) == 2
+    again = ScriptedBackend()
+    evaluate(PolicyAgent("fake", again, CharTokenizer(), sampling), _env_factory(), TASKS[:1])
+    assert again.seeds == backend.seeds  # still reproducible from the run's seed
 
 
 def test_policy_agent_stops_an_episode_that_outgrows_the_context() -> None:
