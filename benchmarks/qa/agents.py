@@ -279,19 +279,6 @@ class PolicyAgent:
         """The label in reports."""
         return self._name
 
-    def _call_sampling(self) -> SamplingParams:
-        """This call's sampling: a seed of its own, derived from the run's seed.
-
-        A backend seeded with the same value on every call draws the same random numbers for
-        the same batch position on every turn, so a T > 0 run would not sample independently:
-        one seed's EM on the shipped warm start differed from another's by 0.11.
-        """
-        seed = self.sampling.seed
-        self._n_calls += 1
-        if seed is None:
-            return self.sampling
-        return replace(self.sampling, seed=(seed * 1_000_003 + self._n_calls) % 2**63)
-
     def settings(self) -> dict[str, Any]:
         """Backend, sampling and prompt handling."""
         return {
@@ -329,8 +316,9 @@ class PolicyAgent:
             else:
                 todo.append(i)
         if todo:
+            self._n_calls += 1
             completions = self.backend.generate(
-                [states[i].ids for i in todo], self._call_sampling()
+                [states[i].ids for i in todo], call_sampling(self.sampling, self._n_calls)
             )
             for i, completion in zip(todo, completions, strict=True):
                 states[i].ids.extend(completion.token_ids)
@@ -404,6 +392,7 @@ class HTTPAgent:
         self.sampling = sampling
         self.api = api
         self._settings = dict(settings or {})
+        self._n_calls = 0
 
     @property
     def name(self) -> str:
@@ -467,10 +456,12 @@ class HTTPAgent:
             if obs:
                 state.transcript += obs
                 state.messages.append({"role": "user", "content": obs})
+        self._n_calls += 1
+        sampling = call_sampling(self.sampling, self._n_calls)
         if self.api == "chat":
-            replies = self.client.chat_each([s.messages for s in states], self.sampling)
+            replies = self.client.chat_each([s.messages for s in states], sampling)
         else:
-            replies = self.client.complete_each([s.transcript for s in states], self.sampling)
+            replies = self.client.complete_each([s.transcript for s in states], sampling)
         actions = []
         for state, reply in zip(states, replies, strict=True):
             if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
@@ -492,6 +483,18 @@ class HTTPAgent:
                 AgentAction(text=text, n_tokens=n_tokens, finish_reason=reply.finish_reason)
             )
         return actions
+
+
+def call_sampling(sampling: SamplingParams, call: int) -> SamplingParams:
+    """`sampling` for an agent's `call`-th batch: a seed of its own, derived from the run's.
+
+    A backend seeded with one value on every call draws the same random numbers for the same
+    batch position on every turn, so a T > 0 run would not sample independently (two seeds'
+    EM on the shipped warm start differed by 0.11 that way). None stays None.
+    """
+    if sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=(sampling.seed * 1_000_003 + call) % 2**63)
 
 
 def _action_text(reply: TextCompletion) -> str:

@@ -485,6 +485,18 @@ def test_a_malformed_reply_is_asked_again_then_fails_only_its_episode(stub_serve
     assert len(asked) == 3  # the first ask and two retries
 
 
+def test_http_agent_sends_each_turn_a_seed_of_its_own(stub_server) -> None:
+    url, stub = stub_server
+    sampling = SamplingParams(temperature=1.0, seed=3)
+    client = OpenAICompatClient(EndpointConfig(base_url=url, model="stub", backoff_s=0.0))
+    agent = HTTPAgent("stub", client, sampling)
+    retriever = BM25Retriever.build(DOCS)
+    evaluate(agent, lambda: SearchQAEnv(TASKS[:1], retriever, top_k=1, prompt_template=TEMPLATE),
+             TASKS[:1])  # fmt: skip
+    seeds = [r["seed"] for r in stub.requests]
+    assert len(seeds) == 2 and seeds[0] != seeds[1]  # search turn, answer turn
+
+
 def test_http_agent_runs_episodes_concurrently(stub_server) -> None:
     url, stub = stub_server
     tasks = _many_tasks(12)
