@@ -53,7 +53,13 @@ from envs.rewards import (
     token_f1,
 )
 from envs.search_qa import SearchQAConfig, SearchQAEnv
-from envs.snapshot import EnvSnapshot, TurnRecord, WrapperSnapshot, snapshot_from_json
+from envs.snapshot import (
+    EnvSnapshot,
+    TurnRecord,
+    WrapperSnapshot,
+    snapshot_from_dict,
+    snapshot_from_json,
+)
 from envs.synthetic import World, WorldConfig, WorldSplit
 from envs.synthetic.env import make_synthetic_env
 from envs.tasks import Paragraph, QATask, TaskSet
@@ -107,6 +113,7 @@ __all__ = [
     "run_episode",
     "score_answer",
     "snapshot",
+    "snapshot_from_dict",
     "snapshot_from_json",
     "sub_exact_match",
     "token_f1",

@@ -60,6 +60,7 @@ from envs.snapshot import (
     TurnRecord,
     check_hits,
     check_snapshot_schema,
+    task_fingerprint,
 )
 from envs.spaces import EnvText
 from envs.tasks import QATask, TaskSet
@@ -627,6 +628,9 @@ class SearchQAEnv(gym.Env[str, str]):
             prompt_sha256=config.prompt_sha256,
             protocol=config.protocol,
             task_id=None if ep is None else ep.task.task_id,
+            task_sha256=None
+            if ep is None
+            else task_fingerprint(ep.task.question, ep.task.golden_answers),
             index_id=self._index_id() if ep is None else ep.index_id,
             turns=self.history,
             rng_state=json.dumps(self._rng_state()),
@@ -719,6 +723,16 @@ class SearchQAEnv(gym.Env[str, str]):
                 "set; restore into an env built on the same tasks",
                 field="task_id",
             )
+        task = self._shared.tasks[snap.task_id]
+        fingerprint = task_fingerprint(task.question, task.golden_answers)
+        if snap.task_sha256 is not None and snap.task_sha256 != fingerprint:
+            raise SnapshotMismatchError(
+                f"snapshot field 'task_sha256': this env's task {snap.task_id!r} asks "
+                f"{task.question[:80]!r} with other gold answers or another question than the "
+                "snapshot's (task ids repeat across synthetic worlds and datasets); restore it "
+                "into an env over the tasks it was taken on",
+                field="task_sha256",
+            )
         if len(snap.turns) > config.max_turns:
             raise SnapshotError(
                 f"snapshot has {len(snap.turns)} turns, more than max_turns={config.max_turns}",
@@ -753,7 +767,7 @@ class SearchQAEnv(gym.Env[str, str]):
             doc_ids.extend(hit.doc_id for hit in record.hits)
         terminated = bool(snap.turns) and snap.turns[-1].kind == "answer"
         return _Episode(
-            task=self._shared.tasks[snap.task_id],
+            task=task,
             index_id=snap.index_id,
             last=last,
             n_turns=len(snap.turns),

@@ -11,6 +11,7 @@ are derived from the turns, so a snapshot cannot contradict itself.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import reprlib
@@ -31,7 +32,9 @@ __all__ = [
     "WrapperSnapshot",
     "check_hits",
     "check_snapshot_schema",
+    "snapshot_from_dict",
     "snapshot_from_json",
+    "task_fingerprint",
 ]
 
 SCHEMA_VERSION = 1
@@ -103,6 +106,7 @@ def check_snapshot_schema(snap: EnvSnapshot) -> None:
         ("prompt_sha256", snap.prompt_sha256, str),
         ("protocol", snap.protocol, str),
         ("task_id", snap.task_id, (str, type(None))),
+        ("task_sha256", snap.task_sha256, (str, type(None))),
         ("index_id", snap.index_id, str),
         ("turns", snap.turns, (tuple, list)),
         ("rng_state", snap.rng_state, (str, type(None))),
@@ -119,6 +123,7 @@ def check_snapshot_schema(snap: EnvSnapshot) -> None:
         "prompt_sha256": (snap.prompt_sha256, _MAX_ID_CHARS),
         "protocol": (snap.protocol, _MAX_ID_CHARS),
         "task_id": (snap.task_id or "", _MAX_ID_CHARS),
+        "task_sha256": (snap.task_sha256 or "", _MAX_ID_CHARS),
         "index_id": (snap.index_id, _MAX_ID_CHARS),
         "rng_state": (snap.rng_state or "", _MAX_RNG_STATE_CHARS),
     }
@@ -208,7 +213,12 @@ class EnvSnapshot:
         protocol: the env's protocol ("trace-rl" or "search-r1"); absent from snapshots
             written before it existed, which were all "trace-rl".
         task_id: the episode's task, or None before the first `reset`.
-        index_id: the retriever's index id when the episode started.
+        task_sha256: the task's fingerprint (`task_fingerprint`: question and gold answers),
+            so a restore into an env whose task of that id differs (another world's
+            `film_star_birthplace-003`) is refused; None in snapshots written before it
+            existed, and before the first `reset`.
+        index_id: the retriever's index id when the episode started (the corpus's, so the
+            world's, fingerprint).
         turns: the episode's turns so far, oldest first.
         rng_state: JSON of the env's `np_random` bit-generator state, or None if never seeded.
     """
@@ -223,6 +233,7 @@ class EnvSnapshot:
     prompt_sha256: str
     protocol: str = "trace-rl"
     task_id: str | None
+    task_sha256: str | None = None
     index_id: str
     turns: tuple[TurnRecord, ...] = ()
     rng_state: str | None = None
@@ -232,8 +243,8 @@ class EnvSnapshot:
         """How many actions the episode has taken."""
         return len(self.turns)
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict (`json.dumps` it to store or send)."""
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (`to_json` gives the text to store or send)."""
         return {
             "kind": "env",
             "schema_version": self.schema_version,
@@ -246,19 +257,35 @@ class EnvSnapshot:
             "prompt_sha256": self.prompt_sha256,
             "protocol": self.protocol,
             "task_id": self.task_id,
+            "task_sha256": self.task_sha256,
             "index_id": self.index_id,
             "turns": [t.to_json() for t in self.turns],
             "rng_state": self.rng_state,
         }
 
+    def to_json(self) -> str:
+        """The snapshot as one compact, ASCII-only JSON text (see `_json_str`)."""
+        return _json_str(self.to_dict())
+
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> EnvSnapshot:
-        """Inverse of `to_json`.
+    def from_json(cls, text: str) -> EnvSnapshot:
+        """Inverse of `to_json`: the snapshot in a JSON text.
 
         Raises:
-            SnapshotError: the record is from another schema version, or malformed; the error's
-                `field` names the offending field.
+            SnapshotError: `text` is not a str (a dict goes to `from_dict`), not JSON, or not
+                an env snapshot.
         """
+        return cls.from_dict(_parse_text(text, "EnvSnapshot.from_json", "EnvSnapshot.from_dict"))
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> EnvSnapshot:
+        """Inverse of `to_dict`.
+
+        Raises:
+            SnapshotError: the record is not a dict (JSON text goes to `from_json`), is from
+                another schema version, or malformed; the error's `field` names the field.
+        """
+        _require_dict(record, "EnvSnapshot.from_dict", "EnvSnapshot.from_json")
         version = _require(record, "schema_version", "snapshot")
         if type(version) is not int or version != SCHEMA_VERSION:
             raise SnapshotError(
@@ -278,6 +305,9 @@ class EnvSnapshot:
             prompt_sha256=_typed(record, "prompt_sha256", where, str),
             protocol=_typed(record, "protocol", where, str) if "protocol" in record else "trace-rl",
             task_id=_typed(record, "task_id", where, (str, type(None))),
+            task_sha256=_typed(record, "task_sha256", where, (str, type(None)))
+            if "task_sha256" in record
+            else None,
             index_id=_typed(record, "index_id", where, str),
             turns=tuple(TurnRecord.from_json(t) for t in _typed(record, "turns", where, list)),
             rng_state=_typed(record, "rng_state", where, (str, type(None))),
@@ -285,9 +315,34 @@ class EnvSnapshot:
         check_snapshot_schema(snap)
         return snap
 
-    def to_json_str(self) -> str:
-        """The snapshot as one compact, ASCII-only JSON string (see `_json_str`)."""
-        return _json_str(self.to_json())
+
+def task_fingerprint(question: str, golden_answers: Sequence[str]) -> str:
+    """SHA-256 (hex, first 16 characters) of a task's question and gold answers."""
+    text = json.dumps([question, list(golden_answers)], ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def _parse_text(text: Any, reader: str, dict_reader: str) -> Any:
+    """The JSON value in `text`, which must be a str (`reader` names the caller)."""
+    if not isinstance(text, str):
+        raise SnapshotError(
+            f"{reader} reads JSON text (a str), not a {type(text).__name__}; for the dict "
+            f"`to_dict` gives, use {dict_reader}",
+            field="kind",
+        )
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as err:
+        raise SnapshotError(f"{reader}: the text is not JSON ({err})", field="kind") from None
+
+
+def _require_dict(record: Any, reader: str, text_reader: str) -> None:
+    if not isinstance(record, dict):
+        hint = f"; for JSON text, use {text_reader}" if isinstance(record, str) else ""
+        raise SnapshotError(
+            f"{reader} reads the dict `to_dict` gives, not a {type(record).__name__}{hint}",
+            field="kind",
+        )
 
 
 def _json_str(record: dict[str, Any]) -> str:
@@ -337,27 +392,39 @@ class WrapperSnapshot:
     state: str
     inner: AnySnapshot
 
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-safe dict (`to_json` gives the text)."""
         return {
             "kind": "wrapper",
             "schema_version": self.schema_version,
             "wrapper": self.wrapper,
             "state": json.loads(self.state),
-            "inner": self.inner.to_json(),
+            "inner": self.inner.to_dict(),
         }
 
-    def to_json_str(self) -> str:
-        """The snapshot as one compact, ASCII-only JSON string (see `_json_str`)."""
-        return _json_str(self.to_json())
+    def to_json(self) -> str:
+        """The snapshot as one compact, ASCII-only JSON text (see `_json_str`)."""
+        return _json_str(self.to_dict())
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> WrapperSnapshot:
+    def from_json(cls, text: str) -> WrapperSnapshot:
         """Inverse of `to_json`.
 
         Raises:
-            SnapshotError: wrong schema version or a malformed record.
+            SnapshotError: `text` is not a str (a dict goes to `from_dict`), or see `from_dict`.
         """
+        return cls.from_dict(
+            _parse_text(text, "WrapperSnapshot.from_json", "WrapperSnapshot.from_dict")
+        )
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> WrapperSnapshot:
+        """Inverse of `to_dict`.
+
+        Raises:
+            SnapshotError: not a dict, a wrong schema version or a malformed record.
+        """
+        _require_dict(record, "WrapperSnapshot.from_dict", "WrapperSnapshot.from_json")
         return cls._from_json(record, depth=0)
 
     @classmethod
@@ -390,14 +457,26 @@ class WrapperSnapshot:
 AnySnapshot = EnvSnapshot | WrapperSnapshot
 
 
-def snapshot_from_json(record: dict[str, Any]) -> AnySnapshot:
-    """Read either kind of snapshot from its `to_json` form.
+def snapshot_from_dict(record: dict[str, Any]) -> AnySnapshot:
+    """Read either kind of snapshot from its `to_dict` form.
 
     Raises:
-        SnapshotError: the record is not a snapshot of a known kind, is malformed, or nests
-            more than `MAX_WRAPPER_DEPTH` wrapper snapshots.
+        SnapshotError: the record is not a dict (text goes to `snapshot_from_json`), not a
+            snapshot of a known kind, is malformed, or nests more than `MAX_WRAPPER_DEPTH`
+            wrapper snapshots.
     """
+    _require_dict(record, "snapshot_from_dict", "snapshot_from_json")
     return _snapshot_from_json(record, 0)
+
+
+def snapshot_from_json(text: str) -> AnySnapshot:
+    """Read either kind of snapshot from its `to_json` text.
+
+    Raises:
+        SnapshotError: `text` is not a str (a dict goes to `snapshot_from_dict`), not JSON,
+            or see `snapshot_from_dict`.
+    """
+    return _snapshot_from_json(_parse_text(text, "snapshot_from_json", "snapshot_from_dict"), 0)
 
 
 def _snapshot_from_json(record: Any, depth: int) -> AnySnapshot:
@@ -407,7 +486,7 @@ def _snapshot_from_json(record: Any, depth: int) -> AnySnapshot:
         )
     kind = _require(record, "kind", "snapshot")
     if kind == "env":
-        return EnvSnapshot.from_json(record)
+        return EnvSnapshot.from_dict(record)
     if kind == "wrapper":
         return WrapperSnapshot._from_json(record, depth=depth)
     raise SnapshotError(

@@ -15,11 +15,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import io
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import IO, cast
 
 import tyro
 
@@ -92,13 +95,32 @@ def resolve(name: str) -> Callable[[list[str]], int | None]:
     return getattr(importlib.import_module(module_name), func_name)
 
 
+class AboveBars(io.TextIOBase):
+    """stderr through `tqdm.write`: a log line goes above the bars, never into a bar's line."""
+
+    def write(self, text: str) -> int:
+        from tqdm import tqdm
+
+        tqdm.write(text, file=sys.stderr, end="")
+        return len(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def _setup_logging(level: int) -> None:
     from rich.console import Console
     from rich.logging import RichHandler
 
     # stderr, so that stdout carries only a command's output (`--json`'s last line stays parseable)
     handler = RichHandler(
-        console=Console(stderr=True), show_path=False, rich_tracebacks=False, markup=False
+        console=Console(file=cast("IO[str]", AboveBars())),
+        show_path=False,
+        rich_tracebacks=False,
+        markup=False,
     )
     # the handler filters too: bm25s sets its own logger to DEBUG at import, which the root
     # level alone would let through to the user
@@ -229,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_usage())
         return 0
     name, rest = args[0], args[1:]
+    if os.environ.get("RANK", "0") != "0":  # torchrun's other ranks: rank 0 speaks for all
+        level = max(level, logging.WARNING)
+        os.environ["TQDM_DISABLE"] = "1"  # tqdm's own switch: no bars from this process
     _setup_logging(level)
     try:
         code = resolve(name)(rest)

@@ -10,6 +10,7 @@ __all__ = [
     "EndpointRejected",
     "EngineTimeoutError",
     "HarnessError",
+    "MalformedReply",
     "RankMismatchError",
     "ResumeError",
     "RolloutError",
@@ -31,6 +32,10 @@ class EndpointRejected(HarnessError, ValueError):
 
 class ContextLengthExceeded(EndpointRejected):
     """An HTTP model endpoint refused a prompt longer than the model's context."""
+
+
+class MalformedReply(EndpointRejected):
+    """A 200 reply that is not the API's (not JSON, `"choices": []`), still after the retries."""
 
 
 class EngineTimeoutError(HarnessError, TimeoutError):

@@ -391,8 +391,13 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     out = Path(out) if out is not None else Path(run_dir) / "curves.png"
     n_cols = 3
     n_rows = -(-len(PANELS) // n_cols)
-    fig, axes = plt.subplots(n_rows, n_cols, figsize=(5 * n_cols, 3.2 * n_rows), squeeze=False)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(
+        n_rows, n_cols, figsize=(5 * n_cols, 3.2 * n_rows), squeeze=False, layout="constrained"
+    )  # constrained: the figure title keeps clear of the panels' titles
     for ax, (title, keys) in zip(axes.flat, PANELS.items(), strict=False):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         for key in keys:
             points = [
                 (r["step"], r[key])
@@ -410,7 +415,6 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     for ax in list(axes.flat)[len(PANELS) :]:
         ax.axis("off")
     fig.suptitle(str(run_dir))
-    fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=90)
     plt.close(fig)

@@ -599,6 +599,11 @@ def _finish(run: Run, progress: Progress, last: dict[str, Any], wall_start: floa
     if run.ranks.is_main:
         run.model.save_pretrained(policy_dir, state_dict=weights)
         run.tokenizer.save_pretrained(policy_dir)
+        task = run.config.task
+        synthetic = task.source != "file"  # a file's questions carry no world
+        task.env.protocol(
+            task.world_seed if synthetic else None, task.world if synthetic else None
+        ).write(policy_dir)
     # against the start policy as saved, not a copy taken at start: a resumed run has none
     displacement = parameter_distance(policy_parameters(run.config.policy), weights)
     steps_total = 0

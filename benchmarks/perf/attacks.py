@@ -50,7 +50,7 @@ from envs import (
     TaskSet,
     restore,
     snapshot,
-    snapshot_from_json,
+    snapshot_from_dict,
 )
 from harness.backends import Completion, SamplingParams
 from harness.episodes import EpisodeCodec, apply_turn, start_episodes
@@ -342,7 +342,7 @@ def snapshot_mutations(n: int, seed: int = 0) -> dict[str, Any]:
             env.reset(seed=7, options={"task_id": "q1"})
             for i in range(n_actions):
                 env.step(f"<search> who is {i} </search>")
-            sources.append((wrapped, json.loads(json.dumps(snapshot(env).to_json()))))
+            sources.append((wrapped, json.loads(json.dumps(snapshot(env).to_dict()))))
     rng = random.Random(seed)
     outcomes: Counter[str] = Counter()
     untyped: Counter[str] = Counter()
@@ -352,7 +352,7 @@ def snapshot_mutations(n: int, seed: int = 0) -> dict[str, Any]:
         target = BudgetMeter(base.fork()[0]) if wrapped else base.fork()[0]
         target.reset(seed=1, options={"task_id": "q2"})
         try:
-            restore(target, snapshot_from_json(mutated))
+            restore(target, snapshot_from_dict(mutated))
         except SnapshotError:
             outcomes["refused"] += 1
         except Exception as err:  # what this counts

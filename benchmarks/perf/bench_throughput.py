@@ -161,10 +161,10 @@ def _bench(args: list[str], stop_after: int | None = None) -> tuple[BenchResult,
 def time_agent(agent: str, common: list[str], out: Path, n: int) -> dict[str, Any]:
     """Uninterrupted, then stopped half-way and resumed."""
     full = out / agent / "full"
-    uninterrupted, wall = _bench([*common, "--out", str(full)])
+    uninterrupted, wall = _bench([*common, "--out", str(full), "--overwrite"])
     assert uninterrupted.finished, f"{agent}: {uninterrupted.failure}"
     resumed = out / agent / "resumed"
-    stopped, wall_stop = _bench([*common, "--out", str(resumed)], stop_after=n // 2)
+    stopped, wall_stop = _bench([*common, "--out", str(resumed), "--overwrite"], stop_after=n // 2)
     assert not stopped.finished, f"{agent}: the run that was to stop half-way finished"
     result, wall_resume = _bench([*common, "--out", str(resumed), "--resume"])
     assert result.finished, f"{agent}: the resumed run stopped: {result.failure}"

@@ -142,8 +142,8 @@ def main(args: Args) -> dict[str, Any]:
             spare.step(step)
 
         def roundtrip(env: SearchQAEnv = env, target: SearchQAEnv = target) -> None:
-            text = json.dumps(env.snapshot().to_json())
-            target.restore(EnvSnapshot.from_json(json.loads(text)))
+            text = json.dumps(env.snapshot().to_dict())
+            target.restore(EnvSnapshot.from_dict(json.loads(text)))
 
         methods = _operations(env, answer, fresh_search, replay, roundtrip)
         samples: dict[str, list[float]] = {name: [] for name in methods}
@@ -154,7 +154,7 @@ def main(args: Args) -> dict[str, Any]:
                 samples[name].append(_time_us(op, args.batch))
         row = {f"{name}_us": statistics.median(values) for name, values in samples.items()}
         row["depth"] = depth
-        row["snapshot_bytes"] = len(json.dumps(env.snapshot().to_json()).encode())
+        row["snapshot_bytes"] = len(json.dumps(env.snapshot().to_dict()).encode())
         rows.append(row)
     by_depth = {row["depth"]: row for row in rows}
     result: dict[str, Any] = {"rows": rows, "meta": run_meta()}

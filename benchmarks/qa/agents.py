@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from benchmarks.qa.qa_datasets import DecompositionStep, LoadedDataset
@@ -34,7 +34,7 @@ from envs import ScriptedPolicy
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
 from harness.episodes import EpisodeCodec
-from harness.errors import ContextLengthExceeded, EndpointRejected
+from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -53,7 +53,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-FinishReason = Literal["stop", "length", "eos", "context", "scripted"]
+FinishReason = Literal["stop", "length", "eos", "context", "error", "scripted"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -66,7 +66,8 @@ class AgentAction:
     """Tokens generated for it (0 for scripted agents)."""
     finish_reason: FinishReason = "scripted"
     """How generation ended; `context` means the transcript outgrew the model's context, and
-    the episode is stopped there (the action text is then empty)."""
+    the episode is stopped there (the action text is then empty); `error` means the endpoint's
+    replies stayed malformed after the retries, and only that episode is stopped."""
 
 
 @runtime_checkable
@@ -271,6 +272,7 @@ class PolicyAgent:
         self.chat_template = chat_template
         self.max_context_tokens = max_context_tokens
         self._settings = dict(settings or {})
+        self._n_calls = 0
 
     @property
     def name(self) -> str:
@@ -314,7 +316,10 @@ class PolicyAgent:
             else:
                 todo.append(i)
         if todo:
-            completions = self.backend.generate([states[i].ids for i in todo], self.sampling)
+            self._n_calls += 1
+            completions = self.backend.generate(
+                [states[i].ids for i in todo], call_sampling(self.sampling, self._n_calls)
+            )
             for i, completion in zip(todo, completions, strict=True):
                 states[i].ids.extend(completion.token_ids)
                 actions[i] = AgentAction(
@@ -387,6 +392,7 @@ class HTTPAgent:
         self.sampling = sampling
         self.api = api
         self._settings = dict(settings or {})
+        self._n_calls = 0
 
     @property
     def name(self) -> str:
@@ -439,7 +445,8 @@ class HTTPAgent:
         """Send every running episode's transcript at once; append each reply.
 
         An episode whose prompt the endpoint refuses as too long for the model's context ends
-        there (`finish_reason="context"`); any other refusal is raised.
+        there (`finish_reason="context"`), as does one whose replies stay malformed after the
+        retries (`"error"`); any other refusal is raised.
 
         Raises:
             EndpointError: the endpoint did not answer within its retries.
@@ -449,14 +456,20 @@ class HTTPAgent:
             if obs:
                 state.transcript += obs
                 state.messages.append({"role": "user", "content": obs})
+        self._n_calls += 1
+        sampling = call_sampling(self.sampling, self._n_calls)
         if self.api == "chat":
-            replies = self.client.chat_each([s.messages for s in states], self.sampling)
+            replies = self.client.chat_each([s.messages for s in states], sampling)
         else:
-            replies = self.client.complete_each([s.transcript for s in states], self.sampling)
+            replies = self.client.complete_each([s.transcript for s in states], sampling)
         actions = []
         for state, reply in zip(states, replies, strict=True):
             if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
                 actions.append(AgentAction(text="", finish_reason="context"))
+                continue
+            if isinstance(reply, MalformedReply):  # this episode only; the run goes on
+                log.warning("an episode ends without an answer: %s", reply)
+                actions.append(AgentAction(text="", finish_reason="error"))
                 continue
             if isinstance(reply, EndpointRejected):
                 raise reply
@@ -470,6 +483,18 @@ class HTTPAgent:
                 AgentAction(text=text, n_tokens=n_tokens, finish_reason=reply.finish_reason)
             )
         return actions
+
+
+def call_sampling(sampling: SamplingParams, call: int) -> SamplingParams:
+    """`sampling` for an agent's `call`-th batch: a seed of its own, derived from the run's.
+
+    A backend seeded with one value on every call draws the same random numbers for the same
+    batch position on every turn, so a T > 0 run would not sample independently (two seeds'
+    EM on the shipped warm start differed by 0.11 that way). None stays None.
+    """
+    if sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=(sampling.seed * 1_000_003 + call) % 2**63)
 
 
 def _action_text(reply: TextCompletion) -> str:

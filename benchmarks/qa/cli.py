@@ -13,15 +13,16 @@ import json
 import logging
 import os
 import platform
+import random
 import re
 import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tyro
 
@@ -46,14 +47,27 @@ from benchmarks.qa.qa_datasets import (
     load_named,
 )
 from benchmarks.qa.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
-from benchmarks.qa.runs import VOLATILE, EpisodeStream, RunState, read_finished
+from benchmarks.qa.runs import (
+    VOLATILE,
+    EpisodeStream,
+    RunState,
+    check_fresh_out,
+    read_finished,
+)
 from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.protocol import Protocol
 from envs.rewards import RewardKind
+from envs.synthetic.config import WorldConfig
 from envs.tasks import TaskSet
 from harness.backends.base import PolicyBackend, SamplingParams
 from harness.errors import EndpointError, EndpointRejected, HarnessError
+from harness.policy_protocol import (
+    ENV_FIELDS,
+    PolicyProtocol,
+    PolicyProtocolError,
+    read_policy_protocol,
+)
 from harness.task_sources import fact_disjoint_questions
 from retrieval import (
     BM25Retriever,
@@ -78,6 +92,7 @@ __all__ = [
     "load_data",
     "make_agent",
     "run_bench",
+    "with_policy_protocol",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,12 +122,23 @@ class DataArgs:
     """A local copy of the hub repo (e.g. from `hf download`) to load `--dataset` from."""
     limit: int | None = None
     """Keep the first N questions of each dataset (files of one dataset count together)."""
+    sample: int | None = None
+    """Keep N questions drawn at random (`--sample-seed`), stratified by dataset, question
+    type and hop count: each group keeps its share of N (largest remainders round)."""
+    sample_seed: int = 0
+    """Seeds `--sample`'s draw (apart from `--seed`, so samples at several seeds share the
+    questions)."""
     world_seed: int = 0
     """Seed of the synthetic world (`--dataset synthetic`, the default)."""
+    world: WorldConfig = field(default_factory=WorldConfig)
+    """Size and shape of the synthetic world (`--world.sentences-per-doc 1`, ...); a field left
+    at its default takes the value of the policy's `policy_protocol.json`, if it records a world."""
 
     def __post_init__(self) -> None:
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"--limit {self.limit}: must be >= 1")
+        if self.sample is not None and (self.sample < 1 or self.limit is not None):
+            raise ValueError(f"--sample {self.sample}: must be >= 1, and not with --limit")
         if self.name and len(self.name) != len(self.data_file):
             raise ValueError(
                 f"--name: {len(self.name)} names for {len(self.data_file)} --data-file paths; "
@@ -139,7 +165,7 @@ def _load_synthetic(args: DataArgs) -> LoadedData:
         raise UnknownBenchmarkNameError(
             f"synthetic split {split!r}: choose one of {SYNTHETIC_SPLITS}"
         )
-    world = World.generate(args.world_seed)
+    world = World.generate(args.world_seed, args.world)
     if split == "fact_disjoint":  # questions of a larger draw of the same world (same corpus)
         world, tasks = fact_disjoint_questions(world, world.split().train)
     else:
@@ -184,7 +210,7 @@ def load_data(args: DataArgs, *, allow_synthetic: bool = True) -> LoadedData:
             )
         if len(names) > 1 or args.data_file:
             raise BenchmarkError("evaluate the synthetic world on its own, not mixed with others")
-        return _load_synthetic(args)
+        return _sampled(_load_synthetic(args), args)
     file_names = args.name or (None,) * len(args.data_file)
     parts = [
         load_file(path, format=args.format, name=name)
@@ -196,7 +222,41 @@ def load_data(args: DataArgs, *, allow_synthetic: bool = True) -> LoadedData:
     ]
     if args.limit is not None:
         parts = [_first_per_dataset(combine(parts), args.limit)]
-    return LoadedData(parts=tuple(parts), world=None)
+    return _sampled(LoadedData(parts=tuple(parts), world=None), args)
+
+
+def _sampled(data: LoadedData, args: DataArgs) -> LoadedData:
+    """`data` cut to `--sample N` questions, stratified by (dataset, question type, hops).
+
+    Raises:
+        BenchmarkError: N is more than there are questions.
+    """
+    if args.sample is None:
+        return data
+    dataset = data.dataset
+    if args.sample > len(dataset.tasks):
+        raise BenchmarkError(
+            f"--sample {args.sample}: there are only {len(dataset.tasks)} questions"
+        )
+    groups: dict[tuple[str, str, int | None], list[int]] = {}
+    for i, task in enumerate(dataset.tasks):
+        groups.setdefault((task.dataset, task.question_type, task.n_hops), []).append(i)
+    total = len(dataset.tasks)
+    shares = {k: args.sample * len(v) / total for k, v in groups.items()}
+    counts = {k: int(share) for k, share in shares.items()}
+    by_remainder = sorted(groups, key=lambda k: (counts[k] - shares[k], str(k)))
+    for key in by_remainder[: args.sample - sum(counts.values())]:
+        counts[key] += 1
+    rng = random.Random(args.sample_seed)
+    kept = sorted(i for k, v in groups.items() for i in rng.sample(v, counts[k]))
+    tasks = TaskSet(dataset.tasks[i] for i in kept)
+    ids = {t.task_id for t in tasks}
+    sample = replace(
+        dataset,
+        tasks=tasks,
+        decompositions={k: v for k, v in dataset.decompositions.items() if k in ids},
+    )
+    return LoadedData(parts=(sample,), world=data.world)
 
 
 def _first_per_dataset(dataset: LoadedDataset, limit: int) -> LoadedDataset:
@@ -299,9 +359,9 @@ class AgentArgs:
     max_context_tokens: int = 4096
     """transformers / vllm: stop an episode whose transcript would outgrow this."""
     chat_template: bool | None = None
-    """Wrap the prompt as a user message in the model's chat template. Unset: on with
-    `--protocol search-r1` when the tokenizer has a template (as Search-R1 does), else off.
-    openai needs `--tokenizer` for it."""
+    """`--chat-template` / `--no-chat-template`: wrap the prompt as a user message in the
+    model's chat template, or not. Unset: on with `--protocol search-r1` when the tokenizer has
+    a template (as Search-R1 does), else off. openai needs `--tokenizer` for it."""
     tokenizer: Path | None = None
     """openai: a local tokenizer folder whose chat template wraps the prompt (the served
     model's, for `--protocol search-r1`)."""
@@ -316,7 +376,10 @@ class AgentArgs:
     epsilon: float = 0.0
     """oracle on the synthetic world: noise rate (wrong queries and answers)."""
     prompt_template: str | None = None
-    """The prompt, with a literal `{question}`; unset: Search-R1's instruction prompt."""
+    """The prompt, with a literal `{question}`; unset: the policy's (`policy_protocol.json`),
+    else Search-R1's instruction prompt."""
+    prompt_template_file: Path | None = None
+    """A file holding the prompt template (instead of `--prompt-template`)."""
 
     def __post_init__(self) -> None:
         # checked at parse time: a bad value must fail before any episode, not mid-run
@@ -341,15 +404,18 @@ class BenchConfig(AgentArgs, DataArgs):
     corpus_world_seed: int | None = None
     """Synthetic questions only: search this world's documents instead of their own (the
     decoy check: no document holds an answer, so EM measures answering from memory)."""
-    protocol: Protocol = "trace-rl"
+    protocol: Protocol | None = None
     """`search-r1` reproduces Search-R1's prompt, observation text and action parsing byte for
     byte (to evaluate its checkpoints); `trace-rl` is ours (docs/benchmarks.md, "Where we
-    differ")."""
+    differ"). Unset: the policy's (`policy_protocol.json`), else trace-rl."""
     max_turns: int | None = None
-    """Actions per episode. Unset: 4, or 5 with `--protocol search-r1` (its `max_turns=4` is
-    four search rounds plus a final answer-only round)."""
-    top_k: int = 3
-    """Documents per search."""
+    """Actions per episode. Unset: the policy's, else 4, or 5 with `--protocol search-r1` (its
+    `max_turns=4` is four search rounds plus a final answer-only round)."""
+    top_k: Annotated[int | None, tyro.conf.arg(aliases=("--topk",))] = None
+    """Documents per search (`--topk`, Search-R1's spelling, too). Unset: the policy's, else 3."""
+    max_doc_chars: int | None = None
+    """Each document is cut to this many characters (trace-rl protocol). Unset: the policy's,
+    else 2,000."""
     reward: RewardKind = "em"
     """The env's reward (EM / sub-EM / F1 are reported whatever it is)."""
     seed: int = 0
@@ -363,6 +429,8 @@ class BenchConfig(AgentArgs, DataArgs):
     resume: bool = False
     """Continue the run in --out: keep its finished episodes (trajectories.jsonl) and play only
     the rest; the report is the one an uninterrupted run writes."""
+    overwrite: bool = False
+    """Replace the run already in --out (without it, a run there is refused, never lost)."""
 
     def __post_init__(self) -> None:
         AgentArgs.__post_init__(self)
@@ -374,6 +442,16 @@ class BenchConfig(AgentArgs, DataArgs):
         if self.max_turns is not None:
             return self.max_turns
         return 5 if self.protocol == "search-r1" else 4
+
+    @property
+    def env_protocol(self) -> Protocol:
+        """`--protocol`, or trace-rl."""
+        return self.protocol or "trace-rl"
+
+    @property
+    def env_top_k(self) -> int:
+        """`--top-k`, or 3."""
+        return 3 if self.top_k is None else self.top_k
 
 
 def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[str, Any]]:
@@ -394,7 +472,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         retriever = CachedRetriever(BM25Retriever.build(read_corpus(config.corpus)))
         source = {"corpus": str(config.corpus)}
     elif config.corpus_world_seed is not None:
-        decoy = World.generate(config.corpus_world_seed)
+        decoy = World.generate(config.corpus_world_seed, config.world)
         retriever = CachedRetriever(BM25Retriever.build(decoy.documents))
         source = {"corpus": f"world {decoy.seed}'s documents (a decoy: not the questions' own)"}
     elif data.world is not None:
@@ -421,7 +499,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         "index_id": retriever.index_id,
         "manifest": _manifest_json(manifest, built_now=config.index is None and not url),
         "n_documents": len(documents) if documents is not None else _n_documents(manifest),
-        "top_k": config.top_k,
+        "top_k": config.env_top_k,
         # `tracerl corpus` ids: the pooled paragraphs shipped with the questions themselves
         "distractor_pool": documents is not None
         and all(_PARAGRAPH_ID.fullmatch(d.doc_id) for d in documents),
@@ -565,15 +643,18 @@ def make_agent(
     if kind == "openai":
         from harness.backends.openai_compat import EndpointConfig, OpenAICompatClient
 
-        endpoint = EndpointConfig(
-            base_url=args.base_url,
-            model=args.model,
-            api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
-            timeout_s=args.timeout_s,
-            max_retries=args.max_retries,
-            max_concurrency=args.concurrency,
-            extensions=args.extensions,
-        )
+        try:
+            endpoint = EndpointConfig(
+                base_url=args.base_url,
+                model=args.model,
+                api_key=args.api_key or os.environ.get("OPENAI_API_KEY"),
+                timeout_s=args.timeout_s,
+                max_retries=args.max_retries,
+                max_concurrency=args.concurrency,
+                extensions=args.extensions,
+            )
+        except ValueError as err:
+            raise BenchmarkError(as_flags(str(err))) from None
         return HTTPAgent(
             name,
             OpenAICompatClient(endpoint),
@@ -712,11 +793,12 @@ def _stable_config(config: BenchConfig) -> dict[str, Any]:
 
 
 def _config_json(config: BenchConfig) -> dict[str, Any]:
-    return {
+    record = {
         k: (str(v) if isinstance(v, Path) else list(map(str, v)) if isinstance(v, tuple) else v)
         for k, v in asdict(config).items()
         if k != "api_key"
     }
+    return dict(json.loads(json.dumps(record)))  # as `run.json` reads back (tuples as lists)
 
 
 def _episodes_report(
@@ -792,7 +874,12 @@ def run_bench(
             `EndpointError`/`EndpointRejected` when a model endpoint is unreachable or does not
             serve the model.
     """
-    setup = _set_up(config, _flags(config) if command is None else list(command))
+    command = _flags(config) if command is None else list(command)
+    config = _with_prompt_file(config)
+    config, policy_record = with_policy_protocol(config)
+    setup = _set_up(config, command)
+    if policy_record is not None:
+        setup.meta["policy_protocol"] = policy_record
     for agent in setup.agents:
         check = getattr(agent, "check_endpoint", None)
         if check is not None:
@@ -816,6 +903,90 @@ def run_bench(
     )
 
 
+def _with_prompt_file(config: BenchConfig) -> BenchConfig:
+    """`config` with `--prompt-template-file`'s text as its prompt template.
+
+    Raises:
+        BenchmarkError: both prompt flags, or an unreadable file (named).
+    """
+    path = config.prompt_template_file
+    if path is None:
+        return config
+    if config.prompt_template is not None:
+        raise BenchmarkError("pass --prompt-template or --prompt-template-file, not both")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise BenchmarkError(f"--prompt-template-file {path}: cannot read it ({err})") from None
+    if "{question}" not in text:
+        raise BenchmarkError(f"--prompt-template-file {path}: holds no literal {{question}}")
+    return replace(config, prompt_template=text)
+
+
+def _policy_protocol(config: BenchConfig) -> tuple[Path, PolicyProtocol] | None:
+    """The protocol the local model folder carries (`policy_protocol.json`), if any.
+
+    Raises:
+        BenchmarkError: the file is there but unreadable.
+    """
+    local = {"transformers", "vllm"} & set(config.agent)
+    if not local or config.model is None or not Path(config.model).is_dir():
+        return None
+    try:
+        protocol = read_policy_protocol(config.model)
+    except PolicyProtocolError as err:
+        raise BenchmarkError(f"--model: {err}") from None
+    return None if protocol is None else (Path(config.model), protocol)
+
+
+def with_policy_protocol(config: BenchConfig) -> tuple[BenchConfig, dict[str, Any] | None]:
+    """`config` with every env setting it leaves unset taken from the policy's protocol.
+
+    A flag that is set overrides that one field. Returns the config and, for a policy that
+    carries a protocol, the record the report keeps: the file, the overrides, and the
+    differences between the policy's protocol and the one played (logged: each override, then
+    one warning listing every difference).
+
+    Raises:
+        BenchmarkError: the policy's protocol file is unreadable.
+    """
+    found = _policy_protocol(config)
+    if found is None:
+        return config, None
+    folder, policy = found
+    given = {name: getattr(config, name) for name in ENV_FIELDS}
+    overrides = [f"--{k.replace('_', '-')} {v!r}" for k, v in given.items() if v is not None]
+    filled = {k: getattr(policy, k) if v is None else v for k, v in given.items()}
+    world = config.world
+    synthetic = not config.data_file and set(config.dataset) <= {"synthetic"}
+    if synthetic and policy.world is not None:
+        default = WorldConfig()
+        changed = {
+            f.name: getattr(world, f.name)
+            for f in fields(WorldConfig)
+            if getattr(world, f.name) != getattr(default, f.name)
+        }
+        overrides += [f"--world.{k.replace('_', '-')} {v!r}" for k, v in changed.items()]
+        world = replace(policy.world, **changed)
+    resolved = replace(config, **filled, world=world)
+    played: dict[str, Any] = {**filled, "world": world if synthetic else None}  # None: not compared
+    differences = policy.differences(played)
+    log.info("playing the protocol of %s (%s)", folder, PROTOCOL_FILE_NOTE)
+    for flag in overrides:
+        log.info("override: %s", flag)
+    if differences:
+        log.warning(
+            "%s is played under a protocol that differs from its own: %s",
+            folder,
+            "; ".join(differences),
+        )
+    record = {"source": str(folder), "overrides": overrides, "differences": differences}
+    return resolved, record
+
+
+PROTOCOL_FILE_NOTE = "its policy_protocol.json; a flag overrides one field"
+
+
 def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
     """Load, index and build everything a run needs, checking the input on the way."""
     state = RunState(
@@ -826,22 +997,26 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
         previous = RunState.read(config.out)
         previous.check_same(state.config, config.out)
         state = previous
+    else:
+        check_fresh_out(config.out, overwrite=config.overwrite)
     data = load_data(config)
     retriever, retriever_meta = _retriever(config, data)
     tasks = _recall_tasks(data.dataset.tasks, retriever)
     env_kwargs: dict[str, Any] = {
         "max_turns": config.env_max_turns,
-        "top_k": config.top_k,
+        "top_k": config.env_top_k,
         "reward": config.reward,
-        "protocol": config.protocol,
+        "protocol": config.env_protocol,
     }
     if config.prompt_template is not None:
         env_kwargs["prompt_template"] = config.prompt_template
+    if config.max_doc_chars is not None:
+        env_kwargs["max_doc_chars"] = config.max_doc_chars
     env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
     meta = _meta(config, command, data, retriever_meta, env_config)
     meta["created_at"] = state.created_at
     agents = [
-        make_agent(kind, config, data, seed=config.seed, protocol=config.protocol)
+        make_agent(kind, config, data, seed=config.seed, protocol=config.env_protocol)
         for kind in dict.fromkeys(config.agent)
     ]
     planless = _planless(data) if "oracle" in config.agent else set()
@@ -924,7 +1099,12 @@ def _flags(config: BenchConfig) -> list[str]:
         if f.name in ("resume", "api_key") or value == getattr(default, f.name):
             continue
         flag = "--" + f.name.replace("_", "-")
-        if isinstance(value, bool):
+        if isinstance(value, WorldConfig):
+            for sub in fields(WorldConfig):
+                sub_value = getattr(value, sub.name)
+                if sub_value != getattr(default.world, sub.name):
+                    flags += [f"--world.{sub.name.replace('_', '-')}", str(sub_value)]
+        elif isinstance(value, bool):
             flags.append(flag if value else f"--no-{f.name.replace('_', '-')}")
         elif isinstance(value, tuple):
             flags += [flag, *map(str, value)]
@@ -939,26 +1119,78 @@ def bench(argv: list[str]) -> int:
     Returns 0 on success, 2 on bad input (nothing run), 1 when the run stopped part-way (a
     partial report is written; `--resume` finishes it).
     """
-    config = tyro.cli(BenchConfig, args=argv, prog="tracerl bench")
+    config = tyro.cli(BenchConfig, args=flag_pairs(argv, ("chat_template",)), prog="tracerl bench")
     try:
         result = run_bench(config, command=argv)
     except (EndpointError, EndpointRejected) as err:  # the endpoint check, before any episode
-        print(f"tracerl bench: {err}", file=sys.stderr)
+        print(f"tracerl bench: {as_flags(str(err))}", file=sys.stderr)
         return 2
     except (BenchmarkError, RetrievalError, EnvError, HarnessError) as err:
         log.error("%s", err)
         return 2
     if result.failure is not None:
         print(
-            f"tracerl bench: {result.failure}. Partial report in {config.out}; run the same "
-            "command with --resume to finish it",
+            f"tracerl bench: {as_flags(result.failure)}. Partial report in {config.out}; run "
+            "the same command with --resume to finish it",
             file=sys.stderr,
         )
+        if config.json:
+            _print_json(result, config.out)
         return 1
     paths = result.paths
     _print_summary(list(result.reports), result.meta)
     print(f"wrote {paths['json']}, {paths['markdown']}, {paths['trajectories']}, {paths['plot']}")
     if config.json:
-        summary = {r.agent: r.overall.to_json() for r in result.reports}
-        print(json.dumps({"out": str(config.out), "overall": summary}, sort_keys=True), flush=True)
+        _print_json(result, config.out)
     return 0
+
+
+_FLAG_OF_FIELD = {
+    "timeout_s": "--timeout-s",
+    "max_retries": "--max-retries",
+    "max_concurrency": "--concurrency",
+    "base_url": "--base-url",
+}
+"""`EndpointConfig` fields whose errors reach a `tracerl bench` user, and their flags."""
+
+
+def as_flags(message: str) -> str:
+    """`message` with the endpoint's Python field names spelled as `tracerl bench` flags.
+
+    >>> as_flags("raise the timeout (timeout_s) or the retries (max_retries)")
+    'raise the timeout (--timeout-s) or the retries (--max-retries)'
+    """
+    pattern = r"(?<![\w-])(" + "|".join(_FLAG_OF_FIELD) + r")\b"
+    return re.sub(pattern, lambda m: _FLAG_OF_FIELD[m.group(1)], message)
+
+
+def flag_pairs(argv: Sequence[str], names: Sequence[str]) -> list[str]:
+    """`argv` with `--NAME` / `--no-NAME` spelled as tyro reads an unset-able boolean.
+
+    A `bool | None` field (unset: decided later) takes a value in tyro (`--chat-template True`);
+    the documented spelling is the flag pair, so a bare `--chat-template` (followed by another
+    flag or nothing) becomes `--chat-template True` and `--no-chat-template` becomes
+    `--chat-template False`. An explicit value is left as it is.
+    """
+    flags = {"--" + n.replace("_", "-") for n in names}
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        following = argv[i + 1] if i + 1 < len(argv) else None
+        if arg in flags and (following is None or following.startswith("--")):
+            out += [arg, "True"]
+        elif arg.startswith("--no-") and "--" + arg[5:] in flags:
+            out += ["--" + arg[5:], "False"]
+        else:
+            out.append(arg)
+    return out
+
+
+def _print_json(result: BenchResult, out: Path) -> None:
+    """`--json`'s last line: the overall figures per agent (`partial` on a stopped run)."""
+    payload: dict[str, Any] = {
+        "out": str(out),
+        "overall": {r.agent: r.overall.to_json() for r in result.reports},
+    }
+    if result.failure is not None:
+        payload["partial"] = result.meta["partial"]
+    print(json.dumps(payload, sort_keys=True), flush=True)

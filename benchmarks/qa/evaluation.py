@@ -87,7 +87,8 @@ class EpisodeRecord:
     sub_em: float
     f1: float
     end: str
-    """`answer`, `max_turns` (truncated by the env) or `context` (the model's context ran out)."""
+    """`answer`, `max_turns` (truncated by the env), `context` (the model's context ran out) or
+    `error` (the endpoint's replies stayed malformed after its retries)."""
     n_tool_calls: int
     n_tokens: int
     retrieved_doc_ids: tuple[str, ...]
@@ -398,8 +399,8 @@ def evaluate(
 def _step(episode: _Running, action: AgentAction) -> str | None:
     """Apply one action; return how the episode ended, or None if it goes on."""
     episode.n_tokens += action.n_tokens
-    if action.finish_reason == "context":
-        return "context"
+    if action.finish_reason in ("context", "error"):
+        return action.finish_reason
     observation, _, terminated, truncated, info = episode.env.step(action.text)
     episode.turns.append(
         TurnLog(

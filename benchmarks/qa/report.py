@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 from benchmarks.qa.evaluation import SCHEMA_VERSION, Metrics, Report
+from benchmarks.qa.runs import write_atomic
 
 __all__ = [
     "ACC_NOTE",
@@ -190,12 +192,15 @@ def plot_reports(reports: Sequence[Report], path: str | Path) -> Path:
     for i, report in enumerate(reports):
         by_type = report.by_type
         em = [by_type[t].em if t in by_type else 0.0 for t in types]
-        left.bar(x + (i - (len(reports) - 1) / 2) * width, em, width, label=report.agent)
+        bars = left.bar(x + (i - (len(reports) - 1) / 2) * width, em, width, label=report.agent)
+        counts = [f"n={by_type[t].n}" if t in by_type else "" for t in types]
+        left.bar_label(bars, labels=counts, fontsize=6, padding=1)  # how much each bar rests on
     left.set_xticks(x, types, rotation=30, ha="right", fontsize=8)
-    left.set_ylim(0, 1.05)
+    left.set_ylim(0, 1.3)  # the band above 1 holds the n labels and the legend, clear of bars
+    left.set_yticks(np.linspace(0, 1, 6))
     left.set_ylabel("EM")
     left.set_title("EM per question type")
-    left.legend(fontsize=8)
+    left.legend(fontsize=8, loc="upper center", ncols=max(1, len(reports)))
     bins = np.arange(max_searches + 1)
     for i, report in enumerate(reports):
         hist = report.overall.searches_hist
@@ -240,14 +245,18 @@ def write_reports(
         "meta": dict(meta),
         "reports": [r.to_json() for r in reports],
     }
-    paths["json"].write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n", "utf-8")
-    paths["markdown"].write_text(markdown_report(reports, meta) + "\n", encoding="utf-8")
-    with paths["trajectories"].open("w", encoding="utf-8") as handle:
-        for report in reports:
-            for episode in report.episodes:
-                line = {"agent": report.agent, **episode.to_json()}
-                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+    # each file is replaced whole: a kill here leaves the streamed trajectories.jsonl (every
+    # finished episode) or the final one (the same episodes, in task order), never a part
+    write_atomic(paths["json"], json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    write_atomic(paths["markdown"], markdown_report(reports, meta) + "\n")
+    lines = [
+        json.dumps({"agent": report.agent, **episode.to_json()}, ensure_ascii=False) + "\n"
+        for report in reports
+        for episode in report.episodes
+    ]
+    write_atomic(paths["trajectories"], "".join(lines))
     if reports:
-        plot_reports(reports, paths["plot"])
+        tmp_plot = plot_reports(reports, directory / ".report.tmp.png")
+        os.replace(tmp_plot, paths["plot"])
     log.info("wrote %s", ", ".join(str(p) for p in paths.values()))
     return paths

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,13 +27,20 @@ from typing import IO, Any
 from benchmarks.qa.errors import BenchmarkError
 from benchmarks.qa.evaluation import EpisodeRecord
 
-__all__ = ["RUN_NAME", "EpisodeStream", "RunState", "read_finished"]
+__all__ = [
+    "RUN_NAME",
+    "EpisodeStream",
+    "RunState",
+    "check_fresh_out",
+    "read_finished",
+    "write_atomic",
+]
 
 log = logging.getLogger(__name__)
 
 RUN_NAME = "run.json"
 _SCHEMA_VERSION = 1
-VOLATILE = ("resume", "progress", "json")
+VOLATILE = ("resume", "progress", "json", "overwrite")
 """Flags that change how a run shows itself, never its results."""
 
 
@@ -51,7 +59,7 @@ class RunState:
             "created_at": self.created_at,
             "config": self.config,
         }
-        (directory / RUN_NAME).write_text(json.dumps(payload, indent=2) + "\n", "utf-8")
+        write_atomic(directory / RUN_NAME, json.dumps(payload, indent=2) + "\n")
 
     @classmethod
     def read(cls, directory: Path) -> RunState:
@@ -85,6 +93,39 @@ class RunState:
                 f"--resume: {directory} was written by another command (it differs in {flags}); "
                 "rerun that command with --resume, or choose another --out"
             )
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` by replacing it whole: a kill leaves the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+RUN_FILES = (RUN_NAME, "trajectories.jsonl", "report.json")
+"""Files that mark a folder as holding a run."""
+
+
+def check_fresh_out(directory: Path, *, overwrite: bool) -> None:
+    """Refuse to start a run in a folder that holds one, unless `overwrite` (then clear it).
+
+    Raises:
+        BenchmarkError: `directory` holds a run and `overwrite` is off (one line, with the way
+            out).
+    """
+    held = [directory / name for name in RUN_FILES if (directory / name).exists()]
+    if not held:
+        return
+    if not overwrite:
+        raise BenchmarkError(
+            f"--out {directory} already holds a run ({held[0].name}): pass --resume to finish "
+            "it, --overwrite to replace it, or choose another --out"
+        )
+    for path in held:
+        path.unlink()
 
 
 def read_finished(path: Path) -> dict[str, dict[str, EpisodeRecord]]:

@@ -36,7 +36,12 @@ from typing import Any, Literal, TypeVar
 import httpx
 
 from harness.backends.base import Completion, SamplingParams
-from harness.errors import ContextLengthExceeded, EndpointError, EndpointRejected
+from harness.errors import (
+    ContextLengthExceeded,
+    EndpointError,
+    EndpointRejected,
+    MalformedReply,
+)
 
 __all__ = [
     "EndpointConfig",
@@ -329,15 +334,39 @@ class OpenAICompatClient:
 
             async def one(body: dict[str, Any]) -> TextCompletion | EndpointRejected:
                 try:
-                    async with gate:
-                        reply = await self._post_with_retries(http, url, body)
-                    return _parse_reply(reply, url, sampling, parse)
+                    return await self._post_and_parse(http, gate, url, body, sampling, parse)
                 except EndpointRejected as err:
                     if capture:
                         return err
                     raise
 
             return list(await asyncio.gather(*(one(body) for body in bodies)))
+
+    async def _post_and_parse(
+        self,
+        http: httpx.AsyncClient,
+        gate: asyncio.Semaphore,
+        url: str,
+        body: dict[str, Any],
+        sampling: SamplingParams,
+        parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
+    ) -> TextCompletion:
+        """One request's completion; a malformed 200 reply is asked again, `max_retries` times.
+
+        Raises:
+            MalformedReply: every reply was malformed (the caller fails that episode only).
+        """
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                async with gate:
+                    return _parse_reply(
+                        await self._post_with_retries(http, url, body), url, sampling, parse
+                    )
+            except MalformedReply as err:
+                if attempt == self.config.max_retries:
+                    raise
+                log.warning("%s; asking again (%d/%d)", err, attempt + 1, self.config.max_retries)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
 
     async def _post_with_retries(
         self, http: httpx.AsyncClient, url: str, body: dict[str, Any]
@@ -356,11 +385,11 @@ class OpenAICompatClient:
                     try:
                         reply = response.json()
                     except ValueError as err:
-                        raise EndpointRejected(
+                        raise MalformedReply(
                             f"POST {url}: the reply is not JSON ({response.text[:200]!r})"
                         ) from err
                     if not isinstance(reply, dict):
-                        raise EndpointRejected(f"POST {url}: the reply is not a JSON object")
+                        raise MalformedReply(f"POST {url}: the reply is not a JSON object")
                     return reply
                 detail = response.text[:300]
                 if response.status_code not in _RETRY_STATUSES:
@@ -434,7 +463,7 @@ def _parse_reply(
         choice = reply["choices"][0]
         completion = parse(choice, sampling)
     except (KeyError, IndexError, TypeError, ValueError) as err:
-        raise EndpointRejected(
+        raise MalformedReply(
             f"POST {url}: the reply is not an OpenAI completion ({err!r}): {str(reply)[:300]}"
         ) from err
     usage = reply.get("usage") or {}

@@ -47,10 +47,12 @@ class TreeTrainConfig:
     """Generated tokens per step; required when `currency` is `tokens`."""
     env: SearchQAConfig = field(default_factory=SearchQAConfig)
     """Search-R1 environment: turns, documents per search, reward, prompt template."""
-    env_from_policy: bool = False
-    """Take the turn limit, documents per search, document length and prompt template from the
-    policy's own `tiny_policy.json` (a `tracerl init-model` policy such as the shipped warm
-    start): the environment it was trained for, which RL must not change."""
+    env_from_policy: bool = True
+    """Take the protocol, turn limit, documents per search, document length and prompt template
+    from the policy's own `policy_protocol.json` (a `tracerl init-model` or `tracerl train`
+    policy, such as the shipped warm start): the environment it was trained for, which RL must
+    not change. An `--env.*` flag overrides its field; a policy without the file (a hub model)
+    keeps the `--env.*` settings. `--no-env-from-policy` ignores the file."""
     predictor: PredictorConfig = field(default_factory=PredictorConfig)
     """The online success predictor Ṽψ (hashed n-grams + a small MLP), as in the CPU trainer."""
     run_dir: Path = Path("runs/openrlhf")

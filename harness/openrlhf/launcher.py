@@ -302,23 +302,48 @@ def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
     args = parse_openrlhf_args([*theirs, *unknown])
     check_openrlhf_args(args)
     if config.env_from_policy:
-        config = _with_policy_env(config, args.actor.model_name_or_path)
+        config = _with_policy_env(config, args.actor.model_name_or_path, ours)
     return config, args
 
 
-def _with_policy_env(config: TreeTrainConfig, policy_dir: str) -> TreeTrainConfig:
-    """`config` with the environment settings recorded in the policy's `tiny_policy.json`.
+def _with_policy_env(
+    config: TreeTrainConfig, policy_dir: str, argv: Sequence[str]
+) -> TreeTrainConfig:
+    """`config` with the env settings the policy's `policy_protocol.json` records.
+
+    An `--env.*` flag in `argv` overrides its field (logged as an override); one warning names
+    every field where the env played differs from the policy's. A policy without the file keeps
+    `config` (an explicit `--env-from-policy` then is an error).
 
     Raises:
-        HarnessError: the policy records none.
+        HarnessError: `--env-from-policy` was given and the policy records no protocol, or the
+            file is unreadable.
     """
-    from harness.tiny_policy.pipeline import recorded_env
+    from harness.policy_protocol import ENV_FIELDS, PolicyProtocolError, read_policy_protocol
 
     try:
-        settings = recorded_env(policy_dir)
-    except FileNotFoundError as err:
+        protocol = read_policy_protocol(policy_dir) if Path(policy_dir).is_dir() else None
+    except PolicyProtocolError as err:
         raise HarnessError(f"--env-from-policy: {err}") from err
-    env = dataclasses.replace(config.env, **dataclasses.asdict(settings))
+    if protocol is None:
+        if "--env-from-policy" in argv:
+            raise HarnessError(
+                f"--env-from-policy: {policy_dir} has no policy_protocol.json (nor a "
+                "tiny_policy.json): only a policy trained here records its environment"
+            )
+        return config
+    given = {a.split("=")[0].removeprefix("--env.").replace("-", "_") for a in argv}
+    filled = {k: v for k, v in protocol.env_kwargs().items() if k not in given}
+    env = dataclasses.replace(config.env, **filled)
+    for name in sorted(set(ENV_FIELDS) & given):
+        log.info("override: --env.%s %r", name.replace("_", "-"), getattr(env, name))
+    differences = protocol.differences({k: getattr(env, k) for k in ENV_FIELDS})
+    if differences:
+        log.warning(
+            "%s is played under a protocol that differs from its own: %s",
+            policy_dir,
+            "; ".join(differences),
+        )
     return dataclasses.replace(config, env=env)
 
 

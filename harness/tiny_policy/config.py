@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from envs import SearchQAEnv
     from envs.tasks import QATask
+    from harness.policy_protocol import PolicyProtocol
     from retrieval.base import Retriever
 
 __all__ = [
@@ -66,6 +67,12 @@ class EnvSettings:
             prompt_template=self.prompt_template,
             **env_kwargs,
         )
+
+    def protocol(self, world_seed: int | None, world: WorldConfig | None) -> PolicyProtocol:
+        """The `policy_protocol.json` of a policy trained in this env (and world, if synthetic)."""
+        from harness.policy_protocol import PolicyProtocol
+
+        return PolicyProtocol(**asdict(self), world_seed=world_seed, world=world)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from envs import SearchQAEnv, World
 from envs.tasks import QATask
 from harness.episodes import EpisodeCodec, PolicyEval, evaluate_policy
-from harness.tiny_policy.config import EnvSettings, TinyPolicyConfig
+from harness.tiny_policy.config import TinyPolicyConfig
 from retrieval.bm25 import BM25Retriever
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ __all__ = [
     "init_model",
     "is_hard",
     "load_artifacts",
-    "recorded_env",
     "unseen_questions",
 ]
 
@@ -169,26 +168,6 @@ class PolicyArtifacts:
             sft=record["sft"],
             evals={k: PolicyEval.from_json(v) for k, v in record["evals"].items()},
         )
-
-
-def recorded_env(policy_dir: str | Path) -> EnvSettings:
-    """The environment settings a tiny policy was warm-started with (its `tiny_policy.json`).
-
-    RL must run the policy in exactly this environment: in another one (Search-R1's long
-    prompt, longer documents, fewer turns) the tiny policy answers nothing right and no step
-    has a leaf with a training signal.
-
-    Raises:
-        FileNotFoundError: `policy_dir` has no `tiny_policy.json` (not a `tracerl init-model`
-            policy).
-    """
-    path = Path(policy_dir) / ARTIFACTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{path} not found: only a policy made by `tracerl init-model` (such as the shipped "
-            "harness/tiny_policy/warm_start) records the environment it was trained for"
-        )
-    return EnvSettings(**json.loads(path.read_text(encoding="utf-8"))["config"]["env"])
 
 
 def load_artifacts(run_dir: str | Path) -> PolicyArtifacts:
@@ -377,6 +356,7 @@ def init_model(
     tmp = _fresh_tmp(policy_dir)
     save_policy(model, tokenizer, tmp)
     (tmp / ARTIFACTS_FILE).write_text(json.dumps(artifacts.to_json(), indent=1) + "\n")
+    config.env.protocol(config.world_seed, config.world).write(tmp)
     _replace_dir(tmp, policy_dir)
     log.info("wrote the tiny policy to %s in %.0f s", policy_dir, sft["total_wall_s"])
     return artifacts

@@ -146,9 +146,11 @@ class ScriptedBackend:
 
     def __init__(self) -> None:
         self.calls: list[list[list[int]]] = []
+        self.seeds: list[int | None] = []
 
     def generate(self, prefixes, sampling: SamplingParams) -> list[Completion]:
         self.calls.append([list(p) for p in prefixes])
+        self.seeds.append(sampling.seed)
         out = []
         for prefix in prefixes:
             text = ANSWER if ord("<") in prefix[10:] else SEARCH
@@ -184,6 +186,17 @@ def test_policy_agent_feeds_the_policy_what_the_training_harness_does() -> None:
         trained, _env_factory()(), ["acme"], EpisodeCodec(tokenizer), sampling=agent.sampling
     )
     assert evaluated.calls == trained.calls and len(trained.calls) == 2
+
+
+def test_policy_agent_draws_fresh_random_numbers_on_every_turn() -> None:
+    # one seed for every call would replay the same draws at the same batch position each turn
+    backend = ScriptedBackend()
+    sampling = SamplingParams(max_new_tokens=64, temperature=1.0, seed=3)
+    evaluate(PolicyAgent("fake", backend, CharTokenizer(), sampling), _env_factory(), TASKS[:1])
+    assert len(backend.seeds) == 2 and len(set(backend.seeds)) == 2
+    again = ScriptedBackend()
+    evaluate(PolicyAgent("fake", again, CharTokenizer(), sampling), _env_factory(), TASKS[:1])
+    assert again.seeds == backend.seeds  # still reproducible from the run's seed
 
 
 def test_policy_agent_stops_an_episode_that_outgrows_the_context() -> None:
@@ -373,6 +386,8 @@ class SearchR1Stub:
                     transcript = "".join(m["content"] for m in body["messages"])
                 else:
                     transcript = body["prompt"]
+                if "broken reply" in transcript:  # a 200 without choices, every time
+                    return JSONResponse({"choices": []})
                 text, stop = self.completion(transcript)
                 if stop is None:
                     error = {"message": "This model's maximum context length is 64 tokens."}
@@ -451,6 +466,35 @@ def test_http_agent_ends_only_the_episode_that_outgrew_the_context(stub_server) 
     acme, long = report.episodes
     assert acme.end == "answer" and acme.em == 1.0
     assert long.end == "context" and long.n_turns == 1 and long.answer is None
+
+
+def test_a_malformed_reply_is_asked_again_then_fails_only_its_episode(stub_server) -> None:
+    url, stub = stub_server
+    tasks = TaskSet([*TASKS[:1], QATask(task_id="bad", question="Who founded Acme, broken reply?",
+                                        golden_answers=("Ann Vole",))])  # fmt: skip
+    retriever = BM25Retriever.build(DOCS)
+    report = evaluate(
+        _http_agent(url, max_retries=2),
+        lambda: SearchQAEnv(tasks, retriever, top_k=1, prompt_template=TEMPLATE),
+        tasks,
+    )
+    acme, bad = report.episodes
+    assert acme.end == "answer" and acme.em == 1.0  # the run went on
+    assert bad.end == "error" and bad.n_turns == 0 and bad.answer is None
+    asked = [r for r in stub.requests if "broken reply" in r["prompt"]]
+    assert len(asked) == 3  # the first ask and two retries
+
+
+def test_http_agent_sends_each_turn_a_seed_of_its_own(stub_server) -> None:
+    url, stub = stub_server
+    sampling = SamplingParams(temperature=1.0, seed=3)
+    client = OpenAICompatClient(EndpointConfig(base_url=url, model="stub", backoff_s=0.0))
+    agent = HTTPAgent("stub", client, sampling)
+    retriever = BM25Retriever.build(DOCS)
+    evaluate(agent, lambda: SearchQAEnv(TASKS[:1], retriever, top_k=1, prompt_template=TEMPLATE),
+             TASKS[:1])  # fmt: skip
+    seeds = [r["seed"] for r in stub.requests]
+    assert len(seeds) == 2 and seeds[0] != seeds[1]  # search turn, answer turn
 
 
 def test_http_agent_runs_episodes_concurrently(stub_server) -> None:

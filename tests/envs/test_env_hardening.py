@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import socket
 import time
 
@@ -69,9 +68,9 @@ def test_a_snapshot_holding_a_lone_surrogate_goes_through_a_utf8_file(tmp_path):
     env.step("<search> Acme \ud800 </search>")
     env.step("<answer> \udfff Lyon </answer>")
     path = tmp_path / "snap.json"
-    path.write_text(env.snapshot().to_json_str(), encoding="utf-8")
+    path.write_text(env.snapshot().to_json(), encoding="utf-8")
     restored = SearchQAEnv(TASKS, FakeRetriever(DOCS), max_turns=4)
-    restored.restore(envs.snapshot_from_json(json.loads(path.read_text(encoding="utf-8"))))
+    restored.restore(envs.snapshot_from_json(path.read_text(encoding="utf-8")))
     assert restored.snapshot() == env.snapshot()
 
 

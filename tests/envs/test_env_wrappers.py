@@ -15,7 +15,7 @@ from envs import (
     SnapshotError,
     UnforkableWrapperError,
     WrapperSnapshot,
-    snapshot_from_json,
+    snapshot_from_dict,
 )
 
 
@@ -49,7 +49,7 @@ def test_wrapper_chain_snapshot_restore_and_fork_carry_the_wrapper_state():
     env.step("<search> Acme </search>")
     snap = envs.snapshot(env)
     assert isinstance(snap, WrapperSnapshot) and isinstance(snap.inner, EnvSnapshot)
-    again = snapshot_from_json(json.loads(json.dumps(snap.to_json())))
+    again = snapshot_from_dict(json.loads(json.dumps(snap.to_dict())))
     assert again == snap
     fresh = _metered()
     envs.restore(fresh, again)

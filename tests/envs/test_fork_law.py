@@ -72,9 +72,9 @@ class ForkLaw(RuleBasedStateMachine):
     @rule(data=st.data())
     def restore_from_json(self, data):
         source = data.draw(st.sampled_from(self._all()))
-        text = json.dumps(source.snapshot().to_json())
+        text = json.dumps(source.snapshot().to_dict())
         fresh = _make_env(OTHER_RETRIEVER)
-        fresh.restore(EnvSnapshot.from_json(json.loads(text)))
+        fresh.restore(EnvSnapshot.from_dict(json.loads(text)))
         self.copies.append(fresh)
 
     @rule(data=st.data())

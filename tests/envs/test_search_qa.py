@@ -199,16 +199,16 @@ def test_snapshot_round_trips_through_json(fake_env):
     fake_env.step("<search> Acme </search>")
     fake_env.step("nonsense")
     snap = fake_env.snapshot()
-    again = EnvSnapshot.from_json(json.loads(json.dumps(snap.to_json())))
+    again = EnvSnapshot.from_dict(json.loads(json.dumps(snap.to_dict())))
     assert again == snap and snap.turn_idx == 2
     assert [t.kind for t in snap.turns] == ["search", "invalid"]
 
 
 def test_restore_refuses_another_format_version_config_or_task(fake_env):
     fake_env.reset(options={"task_id": "q1"})
-    record = fake_env.snapshot().to_json()
+    record = fake_env.snapshot().to_dict()
     with pytest.raises(SnapshotError, match="schema_version") as caught:
-        EnvSnapshot.from_json(record | {"schema_version": 99})
+        EnvSnapshot.from_dict(record | {"schema_version": 99})
     assert caught.value.field == "schema_version"
     other = SearchQAEnv(TASKS, FakeRetriever(DOCS), max_turns=4, top_k=3)
     with pytest.raises(SnapshotError) as caught:
@@ -221,7 +221,7 @@ def test_restore_refuses_another_format_version_config_or_task(fake_env):
         fewer.restore(fake_env.snapshot())
     assert caught.value.field == "task_id"
     with pytest.raises(SnapshotError) as caught:
-        EnvSnapshot.from_json({k: v for k, v in record.items() if k != "turns"})
+        EnvSnapshot.from_dict({k: v for k, v in record.items() if k != "turns"})
     assert caught.value.field == "turns"
 
 
@@ -229,7 +229,7 @@ def test_failed_restore_changes_nothing(fake_env):
     fake_env.reset(options={"task_id": "q2"})
     fake_env.step("<search> Bolt </search>")
     before = fake_env.snapshot()
-    bad = EnvSnapshot.from_json(before.to_json() | {"task_id": "nope"})
+    bad = EnvSnapshot.from_dict(before.to_dict() | {"task_id": "nope"})
     with pytest.raises(SnapshotError):
         fake_env.restore(bad)
     assert fake_env.snapshot() == before
@@ -242,7 +242,7 @@ def test_restored_episode_replays_cached_results_with_another_retriever(fake_env
     empty = FakeRetriever([DOCS[3]], index_id="fake-2")
     other = SearchQAEnv(TASKS, empty, max_turns=4, top_k=2)
     with caplog.at_level(logging.WARNING):
-        other.restore(EnvSnapshot.from_json(snap.to_json()))
+        other.restore(EnvSnapshot.from_dict(snap.to_dict()))
     assert "index fake-1" in caplog.text
     assert other.step("<search> acme </search>")[0] == obs and empty.calls == 0
     assert "No results" in other.step("<search> Lyon </search>")[0]

@@ -17,7 +17,7 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 import envs
-from envs import BudgetMeter, SearchQAEnv, SnapshotError, snapshot_from_json
+from envs import BudgetMeter, SearchQAEnv, SnapshotError, snapshot_from_dict, snapshot_from_json
 
 ACTIONS = [
     "<search> Acme founder </search>",
@@ -43,7 +43,7 @@ def _played(n_actions: int) -> SearchQAEnv:
 
 
 def _record(n_actions: int = 2) -> dict:
-    return _played(n_actions).snapshot().to_json()
+    return _played(n_actions).snapshot().to_dict()
 
 
 def _hit(**fields) -> dict:
@@ -99,7 +99,7 @@ def test_a_forged_snapshot_is_refused_and_the_env_is_untouched(name):
     env = _played(1)
     before = env.snapshot()
     with pytest.raises(SnapshotError):
-        env.restore(snapshot_from_json(record))
+        env.restore(snapshot_from_dict(record))
     assert env.snapshot() == before
     assert env.step(ACTIONS[1]) == _played(1).step(ACTIONS[1])
 
@@ -142,7 +142,7 @@ def test_deeply_nested_wrapper_snapshots_are_a_snapshot_error():
             "inner": record,
         }
     with pytest.raises(SnapshotError, match="nests more than"):
-        snapshot_from_json(record)
+        snapshot_from_dict(record)
 
 
 def test_a_deep_wrapper_state_is_a_snapshot_error():
@@ -152,7 +152,7 @@ def test_a_deep_wrapper_state_is_a_snapshot_error():
     record = {"kind": "wrapper", "schema_version": 1, "wrapper": "BudgetMeter", "state": state,
               "inner": _record()}  # fmt: skip
     with pytest.raises(SnapshotError):
-        snapshot_from_json(record)
+        snapshot_from_dict(record)
 
 
 def test_a_wrapper_state_nested_5000_deep_is_refused_on_restore():
@@ -217,7 +217,7 @@ def _mutate(record: dict, data) -> dict:
 
 def _canonical(snap, *, with_rng: bool = True) -> dict:
     """A snapshot's JSON with its rng_state parsed (restore re-serialises the state)."""
-    record = snap.to_json()
+    record = snap.to_dict()
     inner = record
     while inner["kind"] == "wrapper":
         inner = inner["inner"]
@@ -248,12 +248,12 @@ def test_a_mutated_snapshot_restores_to_an_identical_replay_or_is_refused(n_acti
     source.reset(seed=7, options={"task_id": "q1"})
     for action in ACTIONS[:n_actions]:
         source.step(action)
-    mutated = _mutate(json.loads(json.dumps(envs.snapshot(source).to_json())), data)
+    mutated = _mutate(json.loads(json.dumps(envs.snapshot(source).to_dict())), data)
     target = build()
     target.reset(seed=1, options={"task_id": "q2"})
     before = envs.snapshot(target)
     try:
-        snap = snapshot_from_json(json.loads(json.dumps(mutated)))
+        snap = snapshot_from_dict(json.loads(json.dumps(mutated)))
         envs.restore(target, snap)
     except SnapshotError as err:
         event(f"refused ({err.field})")
@@ -267,20 +267,21 @@ def test_a_mutated_snapshot_restores_to_an_identical_replay_or_is_refused(n_acti
         snap, with_rng=with_rng
     )
     twin = build()
-    envs.restore(twin, snapshot_from_json(json.loads(envs.snapshot(target).to_json_str())))
+    envs.restore(twin, envs.snapshot_from_json(envs.snapshot(target).to_json()))
     assert _replay(twin) == _replay(target)
 
 
 def test_the_fuzzer_reaches_both_outcomes():
-    # a mutation the schema allows (another task's id) restores; a wrong type is refused
+    # a mutation the schema allows (another task's id, with no fingerprint as in an old
+    # snapshot) restores; a wrong type is refused
     record = _record()
-    record["task_id"] = "q2"
+    record["task_id"], record["task_sha256"] = "q2", None
     env = _env()
-    env.restore(snapshot_from_json(record))
+    env.restore(snapshot_from_dict(record))
     assert env.task.task_id == "q2"
     record["task_id"] = 7
     with pytest.raises(SnapshotError):
-        snapshot_from_json(record)
+        snapshot_from_dict(record)
 
 
 def test_a_snapshot_of_the_other_protocol_is_refused():
@@ -293,7 +294,7 @@ def test_a_snapshot_of_the_other_protocol_is_refused():
     assert info.value.field == "protocol"
     record = _record()
     del record["protocol"]  # written before the field existed: trace-rl
-    _env().restore(snapshot_from_json(record))
+    _env().restore(snapshot_from_dict(record))
 
 
 def _mt19937_state(**changes) -> dict:
@@ -335,7 +336,7 @@ def test_every_bit_generator_snapshots_and_restores(name: str) -> None:
     env.np_random = np.random.Generator(getattr(np.random, name)(11))
     snap = env.snapshot()  # MT19937's state holds numpy arrays: it used to raise TypeError
     other = _env()
-    other.restore(snapshot_from_json(json.loads(json.dumps(snap.to_json()))))
+    other.restore(snapshot_from_json(snap.to_json()))
     assert other.np_random.integers(1 << 30, size=4).tolist() == (
         env.np_random.integers(1 << 30, size=4).tolist()
     )

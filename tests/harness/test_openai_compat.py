@@ -21,7 +21,12 @@ from harness.backends import (  # the package's public names
     PolicyBackend,
     SamplingParams,
 )
-from harness.errors import ContextLengthExceeded, EndpointError, EndpointRejected
+from harness.errors import (
+    ContextLengthExceeded,
+    EndpointError,
+    EndpointRejected,
+    MalformedReply,
+)
 
 
 @dataclass
@@ -57,6 +62,8 @@ class FakeOpenAI:
                     return JSONResponse({}, status_code=500)
                 if step == "garbage":
                     return JSONResponse({"unexpected": True})
+                if step == "no_choices" or body.get("prompt") == "broken":
+                    return JSONResponse({"id": "cmpl-1", "choices": []})
                 if step == "too_long":  # vLLM's wording
                     message = "This model's maximum context length is 512 tokens. However, ..."
                     return JSONResponse({"error": {"message": message}}, status_code=400)
@@ -249,10 +256,20 @@ def test_context_overflow_is_typed_and_complete_each_keeps_the_rest(server, fake
     assert chat[0].text == "<search> d </search>"
 
 
-def test_a_reply_that_is_not_a_completion_is_rejected(server, fake) -> None:
-    fake.script = ["garbage"]
-    with pytest.raises(EndpointRejected, match="not an OpenAI completion"):
-        _client(server.url).complete(["q"], GREEDY)
+def test_a_reply_that_is_not_a_completion_is_rejected_after_the_retries(server, fake) -> None:
+    fake.script = ["garbage", "garbage"]
+    with pytest.raises(MalformedReply, match="not an OpenAI completion"):
+        _client(server.url, max_retries=1).complete(["q"], GREEDY)
+    assert len(fake.requests) == 2  # asked again once, then given up
+
+
+def test_an_empty_choices_reply_is_asked_again_and_fails_only_its_prompt(server, fake) -> None:
+    fake.script = ["no_choices"]
+    client = _client(server.url, max_concurrency=1, max_retries=1)
+    assert client.complete(["q"], GREEDY)[0].text == "<search> q </search>"  # second ask
+    out = client.complete_each(["broken", "b"], GREEDY)  # "broken": no choices, every time
+    assert isinstance(out[0], MalformedReply) and "choices" in str(out[0])
+    assert out[1].text == "<search> b </search>"
 
 
 def test_timeouts_are_retried_then_reported(server, fake) -> None:

@@ -203,7 +203,7 @@ def test_forks_and_snapshots_stay_in_their_world():
     stream = WorldStream(100, WORLD)
     a, b = stream.corpus(1), stream.corpus(2)
     env = _played(a)
-    snap = EnvSnapshot.from_json(env.snapshot().to_json())
+    snap = EnvSnapshot.from_dict(env.snapshot().to_dict())
     assert snap.task_id.startswith("w100/") and snap.index_id == a.retriever.index_id
     # the fork law holds within the world: a fork and a restored env step alike
     fork = env.fork(1)[0]

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 from envs import WorldConfig
 from envs.tasks import QATask
 from harness.cli import main as tracerl
+from harness.policy_protocol import PROTOCOL_FILE, read_policy_protocol
 from harness.tiny_policy import (
     DemonstrationConfig,
     EnvSettings,
@@ -75,6 +76,9 @@ def test_init_model_writes_a_loadable_policy_and_its_record(built):
     assert sampled.temperature == 1.0
     assert artifacts.evals["unseen_sampled"].n_episodes == 4 * 2  # 4 questions, x2
     assert artifacts.env_settings["top_k"] == SMALL.env.top_k
+    assert (artifacts.policy_dir / PROTOCOL_FILE).is_file()  # the protocol beside the weights
+    protocol = read_policy_protocol(artifacts.policy_dir)
+    assert protocol == SMALL.env.protocol(SMALL.world_seed, SMALL.world)
 
 
 def test_artifacts_round_trip_and_rebuild_the_env(built):

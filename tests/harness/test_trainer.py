@@ -28,6 +28,7 @@ from harness.config import (
 )
 from harness.errors import ResumeError
 from harness.metrics_log import plot_run, read_metrics
+from harness.policy_protocol import PROTOCOL_FILE, read_policy_protocol
 from harness.tiny_policy import EnvSettings
 from harness.trainer import DataCursor, train, update_policy
 
@@ -344,6 +345,10 @@ def test_a_short_run_logs_every_metric_checkpoints_and_plots(tmp_path, policy_di
         policy_distance(policy_dir, summary.policy_dir), rel=1e-6
     )
     assert summary.movement["policy/displacement"] > 0
+    protocol = (summary.policy_dir / PROTOCOL_FILE).read_text()  # the env it was trained in
+    assert read_policy_protocol(summary.policy_dir) == config.task.env.protocol(
+        config.task.world_seed, config.task.world
+    ), protocol
     assert (config.run_dir / "checkpoints" / "step_000002" / "model.pt").exists()
     assert list((config.run_dir / "tensorboard").iterdir())
     assert len(list((config.run_dir / "trees").glob("*.jsonl"))) == 2

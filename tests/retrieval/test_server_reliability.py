@@ -227,7 +227,7 @@ def test_killing_the_server_mid_rollouts_leaves_envs_unchanged_and_retryable(tmp
         env.reset(seed=0, options={"task_id": task.task_id})
         first = env.step(actions[0])
         branches = [env, *env.fork(3)]
-        before = [b.snapshot().to_json() for b in branches]
+        before = [b.snapshot().to_dict() for b in branches]
         server.kill()
         for branch in branches:
             with pytest.raises(RetrievalFailedError) as info:
@@ -235,7 +235,7 @@ def test_killing_the_server_mid_rollouts_leaves_envs_unchanged_and_retryable(tmp
             assert isinstance(info.value.__cause__, RetrieverUnavailable)
             assert f"{server.url}/retrieve failed 3 times" in str(info.value.__cause__)
         # the failed step changed nothing, and finished rollouts are intact
-        assert [b.snapshot().to_json() for b in branches] == before
+        assert [b.snapshot().to_dict() for b in branches] == before
         assert completed == expected[:6]
 
         server.start(port=port)

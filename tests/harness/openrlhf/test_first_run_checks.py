@@ -81,8 +81,8 @@ def test_every_ray_worker_gets_the_flash_attn_stand_in_first():
     assert env["env_vars"]["TOKENIZERS_PARALLELISM"] == "true"  # OpenRLHF's default otherwise
 
 
-def test_env_from_policy_plays_the_policy_in_the_env_it_was_trained_for(tmp_path):
-    ours = ["--env-from-policy", "--env.reward", "f1", "--env.max-turns", "3", "--check-only"]
+def test_the_launcher_plays_the_policys_protocol_by_default_and_a_flag_overrides(tmp_path):
+    ours = ["--env.reward", "f1", "--env.max-turns", "3", "--check-only"]
     config, _ = parse_args([*ours, "--", *REQUIRED])
     recorded = json.loads((WARM_START / "tiny_policy.json").read_text())["config"]["env"]
     assert recorded == {
@@ -92,12 +92,15 @@ def test_env_from_policy_plays_the_policy_in_the_env_it_was_trained_for(tmp_path
         "prompt_template": "Question: {question}\n",
     }
     for key, value in recorded.items():
-        assert getattr(config.env, key) == value  # the policy's, not the flag's or the default
+        expected = 3 if key == "max_turns" else value  # the flag overrides its field only
+        assert getattr(config.env, key) == expected
     assert config.env.reward == "f1"  # what the policy does not record stays the user's
-    plain, _ = parse_args(["--check-only", "--", *REQUIRED])
+    plain, _ = parse_args(["--no-env-from-policy", "--check-only", "--", *REQUIRED])
     assert plain.env.max_turns == 4 and plain.env.top_k == 3  # SearchQAConfig's defaults
     other = [*REQUIRED[:1], str(tmp_path), *REQUIRED[2:]]
-    with pytest.raises(HarnessError, match=r"tiny_policy\.json"):
+    hub, _ = parse_args(["--check-only", "--", *other])  # no protocol file: the flags' env
+    assert hub.env.max_turns == 4
+    with pytest.raises(HarnessError, match=r"policy_protocol\.json"):
         parse_args(["--env-from-policy", "--", *other])
 
 
