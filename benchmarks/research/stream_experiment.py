@@ -727,12 +727,15 @@ def _markdown(result: Mapping[str, Any], command: str) -> str:
         "",
         f"Stage 2 (trace): flips per continuation {f(s['flips_per_continuation'], 3)}, "
         f"settled-tree share {f(s['settled_tree_continuation_share'], 3)}, flip Brier "
-        f"{f(s['flip_brier'], 3)} against {f(s['flip_brier_constant'], 3)} for a constant.",
+        f"{f(s['flip_brier'], 3)} against {f(s['flip_brier_constant'], 3)} for a constant; "
+        f"AUC {f(s['flip_auc'], 2)} on its own placements, "
+        f"{f(s['flip_auc_random_placement'], 2)} on randomly placed continuations.",
         "",
         "Learning-rate scan (validation worlds):",
         "",
         curve_table(
-            {arm: {float(m): v for m, v in c.items()} for arm, c in result["lr_scan"].items()}
+            {arm: {float(m): v for m, v in c.items()} for arm, c in result["lr_scan"].items()},
+            scale=1.0,  # already in points
         ),
     ]
     return "\n".join(lines) + "\n"
