@@ -212,9 +212,17 @@ class TreePPOTrainerBase(BasePPOTrainer):
         return global_step, status
 
     def _log(self, global_step: int, status: dict[str, Any]) -> None:
-        """Append the step's numbers to `metrics.jsonl` and say the headline ones."""
+        """Append the step's numbers to `metrics.jsonl` and say the headline ones.
+
+        Lists of numbers (Stage 2's per-continuation flip chances) go to the file too.
+        """
         assert self.metrics is not None  # fit opened it
-        numbers = {k: float(v) for k, v in status.items() if isinstance(v, int | float)}
+        numbers: dict[str, Any] = {}
+        for k, v in status.items():
+            if isinstance(v, int | float):
+                numbers[k] = float(v)
+            elif isinstance(v, list | tuple) and all(isinstance(x, int | float) for x in v):
+                numbers[k] = list(v)
         self.metrics.write(global_step, numbers)
         log.info(
             "step %d: effective ratio %.3f, leaves %d, reward %.3f",
