@@ -159,6 +159,8 @@ def bad_command_lines(scratch: Path) -> dict[str, list[str]]:
         "plot: missing run": ["plot", str(missing)],
         "plot: a file as run": ["plot", str(a_file)],
         "plot: empty run folder": ["plot", str(empty)],
+        "doctor: nodes not a number": ["doctor", "--nodes", "zero"],
+        "doctor: unknown flag": ["doctor", "--no-such-flag"],
         "unknown command": ["frobnicate"],
     }  # fmt: skip
     named = {argv[0] for argv in cases.values()}
