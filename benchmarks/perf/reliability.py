@@ -267,9 +267,7 @@ def run_attacks(args: Args, index_dir: Path) -> dict[str, Any]:
         ("server", lambda: attacks.server_attacks(index_dir)),
         ("cli", attacks.cli_bad_inputs),
     ]
-    for name, run in steps:
-        out[name] = run()
-        print(f"{name}: {json.dumps(out[name])[:300]}", file=sys.stderr)
+    out |= _run_steps(steps)
     figures |= {
         "worst_step_s_trickle": out["trickle"]["worst_step_s"],
         "deadline_s": out["trickle"]["deadline_s"],
@@ -284,6 +282,15 @@ def run_attacks(args: Args, index_dir: Path) -> dict[str, Any]:
     return {**out, "figures": figures}
 
 
+def _run_steps(steps: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Run each named attack in order; each result is echoed to stderr as it lands."""
+    out: dict[str, Any] = {}
+    for name, run in steps:
+        out[name] = run()
+        print(f"{name}: {json.dumps(out[name])[:400]}", file=sys.stderr)
+    return out
+
+
 def integrity(args: Args, work: Path, bm25_dir: Path) -> dict[str, Any]:
     """The issue-32 attacks; `figures` holds the headline keys of the last line."""
     steps: list[tuple[str, Any]] = [
@@ -296,9 +303,7 @@ def integrity(args: Args, work: Path, bm25_dir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for sub in ("opens", "kills", "changed", "starve"):
         (work / sub).mkdir(parents=True, exist_ok=True)
-    for name, run in steps:
-        out[name] = run()
-        print(f"{name}: {json.dumps(out[name])[:400]}", file=sys.stderr)
+    out |= _run_steps(steps)
     starve = out["starvation"]
     figures = {
         "missing_or_short_file_opens": len(out["index_files"]["opened"]),

@@ -319,22 +319,7 @@ def test_an_episode_that_runs_out_of_context_ends_as_an_unanswered_leaf():
 
 def test_trace_spends_an_exact_leaf_budget_with_prefix_forks_and_meters_three_currencies():
     engine, _, _ = make_engine(p_wrong=0.4, seed=3)
-    result = engine.run_step(
-        # two roots per prompt at least (not the default four), so 18 leaves open all three;
-        # forks in every tree, settled or not (the flip floor has its own tests in trace_alloc)
-        make_allocator(
-            "trace",
-            continuations_per_rollout=2,
-            explore_frac=0.0,
-            min_per_prompt=2,
-            min_flip_prob=0.0,
-            prefix_prior=None,
-        ),
-        ["acme", "bolt", "hard"],
-        budget=BudgetLimit(currency="leaves", per_step=18),
-        rng=np.random.default_rng(0),
-        predictor=FixedPredictor(),
-    )
+    result = _trace_step(engine)
     assert result.spent.n_leaves == 18 and result.carry == 0
     assert sum(t.n_leaves for t in result.trees) == 18
     stats = forest_stats(result.trees)
