@@ -46,10 +46,16 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "retrieval.cli:serve_retriever",
         "serve an index over Search-R1's HTTP API",
     ),
-    "bench": ("benchmarks.qa.cli:bench", "evaluate an agent on a QA dataset (EM / sub-EM / F1)"),
-    "corpus": ("benchmarks.qa.cli:corpus", "build a retrieval corpus from datasets' paragraphs"),
+    "bench": (
+        "harness.evaluation.bench:bench",
+        "evaluate an agent on a QA dataset (EM / sub-EM / F1)",
+    ),
+    "corpus": (
+        "harness.evaluation.bench:corpus",
+        "build a retrieval corpus from datasets' paragraphs",
+    ),
     "tree": (
-        "benchmarks.qa.tree_view:tree",
+        "harness.evaluation.tree_view:tree",
         "render a rollout tree as text or a picture (`tree show`)",
     ),
     "init-model": ("harness.cli:init_model", "train the tokenizer and warm-start the tiny policy"),

@@ -73,9 +73,9 @@ __all__ = [
 
 EVAL_SETS: tuple[str, ...] = get_args(EvalSetName)
 
-TASK_FILE_LOADER = "benchmarks.qa.qa_datasets:load_file"
+TASK_FILE_LOADER = "envs.qa_datasets.loaders:load_file"
 """The loader of task files, resolved only when a file source is built (as `tracerl`'s command
-table resolves its entry points): the formats `tracerl bench` reads live in `benchmarks.qa`,
+table resolves its entry points): the formats `tracerl bench` reads live in `harness.evaluation`,
 which the harness does not import, so there is one loader and no copy of it here."""
 
 

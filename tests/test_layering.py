@@ -23,16 +23,16 @@ ALLOWED: dict[str, set[str]] = {
 }
 # benchmarks' rooms -> the rooms (and shared top-level modules) each may import
 ROOMS: dict[str, set[str]] = {
-    "benchmarks.qa": {"benchmarks.qa"},
-    "benchmarks.perf": {"benchmarks.perf", "benchmarks.qa", "benchmarks.meta"},
-    "benchmarks.research": {"benchmarks.research", "benchmarks.qa", "benchmarks.meta"},
+    "harness.evaluation": {"harness.evaluation"},
+    "benchmarks.perf": {"benchmarks.perf", "harness.evaluation", "benchmarks.meta"},
+    "benchmarks.research": {"benchmarks.research", "harness.evaluation", "benchmarks.meta"},
     "benchmarks.meta": set(),
     # the old command `python -m benchmarks.experiment` (CHANGELOG.md): an alias, nothing more
     "benchmarks.experiment": {"benchmarks.experiment", "benchmarks.research"},
 }
 # where a `tracerl` command may point: the libraries and the research runs (the demo), never a
 # speed script (those are `python -m benchmarks.perf.NAME`)
-COMMAND_TARGETS = ("envs", "retrieval", "harness", "benchmarks.qa", "benchmarks.research")
+COMMAND_TARGETS = ("envs", "retrieval", "harness", "harness.evaluation", "benchmarks.research")
 # third-party modules trace_alloc must never touch: it stays pure numpy
 TRACE_ALLOC_FORBIDDEN = {"torch", "transformers", "httpx", "socket", "requests", "vllm", "ray"}
 
@@ -55,7 +55,7 @@ def _imported_roots(path: Path) -> set[str]:
 
 
 def _room(module: str) -> str | None:
-    """The room of a `benchmarks` module name (`benchmarks.qa.cli` -> `benchmarks.qa`)."""
+    """The room of a `benchmarks` module name (`benchmarks.perf.x` -> `benchmarks.perf`)."""
     return next((r for r in ROOMS if module == r or module.startswith(r + ".")), None)
 
 
@@ -167,7 +167,7 @@ def test_the_checker_sees_a_room_crossing(tmp_path: Path) -> None:
     bad.write_text("from benchmarks import research\nfrom benchmarks.perf.env_fork import Args\n")
     rooms = {_room(m) for m in _imported_modules(bad)} - {None}
     assert rooms == {"benchmarks.research", "benchmarks.perf"}
-    assert not rooms <= ROOMS["benchmarks.qa"]
+    assert not rooms <= ROOMS["harness.evaluation"]
 
 
 def _top_level_work(source: str) -> list[str]:

@@ -1,5 +1,5 @@
 """Speed and reliability scripts: `python -m benchmarks.perf.NAME`.
 
 Each prints a table, and with `--json` one JSON object as the last line of stdout. They may
-import `benchmarks.qa` and `benchmarks.meta`, never `benchmarks.research`.
+import `harness.evaluation` and `benchmarks.meta`, never `benchmarks.research`.
 """

@@ -39,9 +39,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from benchmarks.meta import run_meta
-from benchmarks.qa import BenchConfig, BenchResult, EpisodeRecord, run_bench
-from benchmarks.qa.cli import corpus
 from envs.errors import RetrievalFailedError
+from harness.evaluation import BenchConfig, BenchResult, EpisodeRecord, run_bench
+from harness.evaluation.bench import corpus
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@
    (`harness.tiny_policy.init_model`: the shipped warm start, or one cached under
    `RUN_DIR/tiny_policy`, or a fresh build for another recipe);
 2. **before**: evaluate it at temperature 1 on three held-out sets (`harness.task_sources`),
-   with `benchmarks.qa.evaluation.evaluate` (what `tracerl bench` runs):
+   with `harness.evaluation.evaluation.evaluate` (what `tracerl bench` runs):
    - `unseen`: questions of worlds no policy ever trained on, each over its own index (the
      primary set: it measures searching and reading, not memory);
    - `fact_disjoint`: questions of the worlds the warm start trained on (its world and its
@@ -39,7 +39,8 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.qa import (
+from envs.tasks import QATask
+from harness.evaluation import (
     Report,
     bootstrap_mean,
     evaluate_policy_dir,
@@ -47,7 +48,6 @@ from benchmarks.qa import (
     per_question_mean,
     write_reports,
 )
-from envs.tasks import QATask
 
 __all__ = [
     "TEST_SETS",

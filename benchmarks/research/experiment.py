@@ -456,7 +456,7 @@ def _evaluate(
     test_sets: dict[str, Any],
 ) -> dict[str, Any]:
     """EM, F1 and tokens per episode of one policy on every test set (same seed for all)."""
-    from benchmarks.qa import evaluate_policy_dir
+    from harness.evaluation import evaluate_policy_dir
 
     max_new_tokens = artifacts.config.eval.max_action_tokens
     out: dict[str, Any] = {}

@@ -257,7 +257,7 @@ def _build_sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> d
 def _evaluate(policy_dir: Path, sets: Mapping[str, Any], config: StreamExperimentConfig,
               artifacts: Any) -> dict[str, Any]:  # fmt: skip
     """EM, tokens per episode and per-question EM of a policy on each set (one seeded stream)."""
-    from benchmarks.qa import evaluate_policy_dir, per_question_mean
+    from harness.evaluation import evaluate_policy_dir, per_question_mean
 
     out: dict[str, Any] = {}
     for name, (tasks, env_factory) in sets.items():
@@ -491,7 +491,7 @@ def _curve_em(record: Mapping[str, Any], at: int, last: int) -> float | None:
 
 def _paired(a: Mapping[int, float], b: Mapping[int, float]) -> dict[str, Any] | None:
     """The difference a − b over the seeds both have, with a 95 % t interval (None: < 2)."""
-    from benchmarks.qa import t_interval
+    from harness.evaluation import t_interval
 
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:

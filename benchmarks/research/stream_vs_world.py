@@ -31,7 +31,6 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.qa import Report, per_question_mean, t_interval
 from benchmarks.research.demo import (
     DemoConfig,
     demo_test_sets,
@@ -40,6 +39,7 @@ from benchmarks.research.demo import (
     kind_em,
     train_or_reuse,
 )
+from harness.evaluation import Report, per_question_mean, t_interval
 
 __all__ = ["ARMS", "StreamVsWorldArgs", "compare", "main"]
 

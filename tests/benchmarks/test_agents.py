@@ -21,7 +21,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from benchmarks.qa.agents import (
+from envs import SearchQAEnv
+from envs.qa_datasets.loaders import load_file
+from envs.tasks import QATask, TaskSet
+from harness.backends.base import Completion, SamplingParams
+from harness.backends.openai_compat import EndpointConfig, OpenAICompatClient
+from harness.evaluation.agents import (
     DecompositionOracle,
     HTTPAgent,
     OraclePlan,
@@ -30,13 +35,8 @@ from benchmarks.qa.agents import (
     close_open_tag,
     oracle_plans,
 )
-from benchmarks.qa.cli import bench
-from benchmarks.qa.evaluation import evaluate
-from benchmarks.qa.qa_datasets import load_file
-from envs import SearchQAEnv
-from envs.tasks import QATask, TaskSet
-from harness.backends.base import Completion, SamplingParams
-from harness.backends.openai_compat import EndpointConfig, OpenAICompatClient
+from harness.evaluation.bench import bench
+from harness.evaluation.evaluation import evaluate
 from retrieval import BM25Retriever, Document, write_corpus
 
 DOCS = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.qa.cli import bench, corpus
+from harness.evaluation.bench import bench, corpus
 
 
 def _tracerl(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

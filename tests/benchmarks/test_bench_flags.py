@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import tyro
 
-from benchmarks.qa.cli import BenchConfig, flag_pairs, run_bench
-from benchmarks.qa.errors import BenchmarkError
+from envs.qa_datasets.errors import BenchmarkError
+from harness.evaluation.bench import BenchConfig, flag_pairs, run_bench
 
 
 def _parse(*argv: str) -> BenchConfig:
@@ -50,7 +50,7 @@ def test_prompt_template_file_sets_the_prompt(tmp_path):
 
 
 def test_endpoint_errors_name_the_flags_not_the_python_fields(tmp_path, caplog):
-    from benchmarks.qa.cli import bench
+    from harness.evaluation.bench import bench
 
     args = ["--agent", "openai", "--model", "m", "--max-retries", "-1", "--out", str(tmp_path)]
     assert bench(args) == 2

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import benchmarks.qa.cli as cli
-from benchmarks.qa.cli import DataArgs, bench, load_data
-from benchmarks.qa.errors import BenchmarkError
+import harness.evaluation.bench as cli
 from envs.errors import RetrievalFailedError
+from envs.qa_datasets.errors import BenchmarkError
+from harness.evaluation.bench import DataArgs, bench, load_data
 
 
 def _args(out: Path, *extra: str) -> list[str]:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.qa.cli import bench, corpus
-from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable
-from benchmarks.qa.qa_datasets import load_file, load_named
+from envs.qa_datasets.errors import DatasetFormatError, DatasetUnavailable
+from envs.qa_datasets.loaders import load_file, load_named
+from harness.evaluation.bench import bench, corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,7 +82,7 @@ def test_help_shows_each_default_once_and_imports_no_torch() -> None:
     env = {**os.environ, "COLUMNS": "400", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     code = (
         "import sys\n"
-        "from benchmarks.qa.cli import bench\n"
+        "from harness.evaluation.bench import bench\n"
         "try:\n    bench(['--help'])\nexcept SystemExit:\n    pass\n"
         "print('TORCH', 'torch' in sys.modules)\n"
     )
@@ -108,7 +108,7 @@ def test_the_readme_env_example_searches_for_its_own_question() -> None:
 
 
 def test_a_bad_epsilon_is_refused_at_parse_time_without_suggesting_resume():
-    from benchmarks.qa.cli import BenchConfig
+    from harness.evaluation.bench import BenchConfig
 
     for bad in (2.0, -0.1, float("nan")):
         with pytest.raises(ValueError, match=r"--epsilon .*must be in \[0, 1\]") as caught:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.qa.cli import bench
+from harness.evaluation.bench import bench
 
 QUESTIONS = {
     "nq": [
@@ -124,7 +124,7 @@ def _comparable(report: dict) -> dict:
 def test_a_failed_run_writes_a_partial_report_and_resume_finishes_it_identically(
     flashrag: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import benchmarks.qa.cli as cli
+    import harness.evaluation.bench as cli
     from envs.errors import RetrievalFailedError
 
     fresh = flashrag / "fresh"
@@ -180,9 +180,9 @@ def test_resume_refuses_another_command_or_an_empty_folder(
 
 
 def test_recall_against_a_server_with_other_ids_is_unknown_not_zero() -> None:
-    from benchmarks.qa.cli import _mark_unknown_recall
-    from benchmarks.qa.evaluation import EpisodeRecord, Report
-    from benchmarks.qa.report import markdown_table
+    from harness.evaluation.bench import _mark_unknown_recall
+    from harness.evaluation.evaluation import EpisodeRecord, Report
+    from harness.evaluation.report import markdown_table
 
     class Server:  # like HTTPRetriever: no local documents
         index_id = "http-x"
@@ -205,8 +205,8 @@ def test_run_bench_is_the_command_from_python_stoppable_and_resumable(tmp_path: 
 
     import tyro
 
-    from benchmarks.qa import BenchConfig, EpisodeRecord, run_bench
     from envs.errors import RetrievalFailedError
+    from harness.evaluation import BenchConfig, EpisodeRecord, run_bench
 
     config = BenchConfig(agent=("naive",), limit=6, progress=False, out=tmp_path / "full")
     seen: list[tuple[str, str]] = []

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.qa.cli import corpus
-from benchmarks.qa.corpus import (
+from envs.qa_datasets.corpus import (
     attach_doc_ids,
     build_corpus,
     build_index,
     paragraph_doc_id,
     write_corpus_dir,
 )
-from benchmarks.qa.errors import NoParagraphsError
-from benchmarks.qa.qa_datasets import load_file
+from envs.qa_datasets.errors import NoParagraphsError
+from envs.qa_datasets.loaders import load_file
+from harness.evaluation.bench import corpus
 from retrieval import BM25Retriever, read_corpus
 
 

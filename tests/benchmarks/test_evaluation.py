@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from benchmarks.qa.agents import AgentAction, ScriptedAgent
-from benchmarks.qa.evaluation import EpisodeRecord, Report, TurnLog, aggregate, evaluate
 from envs import SearchQAEnv
 from envs.tasks import QATask, TaskSet
+from harness.evaluation.agents import AgentAction, ScriptedAgent
+from harness.evaluation.evaluation import EpisodeRecord, Report, TurnLog, aggregate, evaluate
 from retrieval import BM25Retriever, Document
 
 DOCS = [

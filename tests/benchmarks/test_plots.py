@@ -7,8 +7,8 @@ import json
 import matplotlib.figure
 import pytest
 
-from benchmarks.qa.evaluation import EpisodeRecord, Report
-from benchmarks.qa.report import plot_reports
+from harness.evaluation.evaluation import EpisodeRecord, Report
+from harness.evaluation.report import plot_reports
 from harness.metrics_log import plot_run
 
 

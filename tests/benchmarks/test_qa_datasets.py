@@ -12,8 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownBenchmarkNameError
-from benchmarks.qa.qa_datasets import (
+from envs.qa_datasets.errors import (
+    DatasetFormatError,
+    DatasetUnavailable,
+    UnknownBenchmarkNameError,
+)
+from envs.qa_datasets.loaders import (
     combine,
     detect_format,
     load_file,
@@ -362,8 +366,8 @@ def test_unknown_dataset_name_suggests_the_closest() -> None:
 def test_offline_hub_loading_says_how_to_use_local_files(tmp_path: Path) -> None:
     # HF_HUB_OFFLINE is read when huggingface_hub is imported, so this runs in a fresh process
     code = (
-        "from benchmarks.qa.qa_datasets import load_named\n"
-        "from benchmarks.qa.errors import DatasetUnavailable\n"
+        "from envs.qa_datasets.loaders import load_named\n"
+        "from envs.qa_datasets.errors import DatasetUnavailable\n"
         "try:\n"
         "    load_named('hotpotqa')\n"
         "except DatasetUnavailable as err:\n"

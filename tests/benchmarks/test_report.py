@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.qa.evaluation import EpisodeRecord, Report, TurnLog
-from benchmarks.qa.report import markdown_report, markdown_table, write_reports
+from harness.evaluation.evaluation import EpisodeRecord, Report, TurnLog
+from harness.evaluation.report import markdown_report, markdown_table, write_reports
 
 
 def _episode(task_id: str, em: float, searches: int, qtype: str) -> EpisodeRecord:

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmarks.qa.stats import bootstrap_mean, paired_difference, per_question_mean
 from benchmarks.research.demo import summary_sentence
+from harness.evaluation.stats import bootstrap_mean, paired_difference, per_question_mean
 
 
 def test_per_question_mean_averages_each_questions_samples():

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.qa.tree_view import load_trees, render_text, tree
 from harness.cli import main as tracerl
+from harness.evaluation.tree_view import load_trees, render_text, tree
 from trace_alloc import Prompt, Rollout, RolloutTree, Turn
 
 

@@ -383,7 +383,7 @@ def test_a_world_stream_trains_each_step_on_a_fresh_world_and_evaluates_every_se
 
 
 def test_a_task_file_in_hotpotqa_format_trains_unchanged(tmp_path, policy_dir, shared_data):
-    from benchmarks.qa.cli import corpus
+    from harness.evaluation.bench import corpus
 
     hotpot = shared_data / "hotpotqa" / "hotpot_dev_distractor.migres200.jsonl"
     corpus(["--data-file", str(hotpot), "--out", str(tmp_path / "corpus")])

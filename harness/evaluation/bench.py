@@ -26,18 +26,12 @@ from typing import Annotated, Any, Literal
 
 import tyro
 
-from benchmarks.qa.agents import (
-    Agent,
-    DecompositionOracle,
-    HTTPAgent,
-    PolicyAgent,
-    ScriptedAgent,
-    oracle_plans,
-)
-from benchmarks.qa.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
-from benchmarks.qa.errors import BenchmarkError, UnknownBenchmarkNameError
-from benchmarks.qa.evaluation import EpisodeRecord, Report, evaluate
-from benchmarks.qa.qa_datasets import (
+from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
+from envs.errors import EnvError
+from envs.protocol import Protocol
+from envs.qa_datasets.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
+from envs.qa_datasets.errors import BenchmarkError, UnknownBenchmarkNameError
+from envs.qa_datasets.loaders import (
     DatasetSource,
     DecompositionStep,
     FormatName,
@@ -46,22 +40,34 @@ from benchmarks.qa.qa_datasets import (
     load_file,
     load_named,
 )
-from benchmarks.qa.report import ACC_NOTE, COLUMNS, metric_cells, retrieval_setting, write_reports
-from benchmarks.qa.runs import (
+from envs.rewards import RewardKind
+from envs.synthetic.config import WorldConfig
+from envs.tasks import TaskSet
+from harness.backends.base import PolicyBackend, SamplingParams
+from harness.errors import EndpointError, EndpointRejected, HarnessError
+from harness.evaluation.agents import (
+    Agent,
+    DecompositionOracle,
+    HTTPAgent,
+    PolicyAgent,
+    ScriptedAgent,
+    oracle_plans,
+)
+from harness.evaluation.evaluation import EpisodeRecord, Report, evaluate
+from harness.evaluation.report import (
+    ACC_NOTE,
+    COLUMNS,
+    metric_cells,
+    retrieval_setting,
+    write_reports,
+)
+from harness.evaluation.runs import (
     VOLATILE,
     EpisodeStream,
     RunState,
     check_fresh_out,
     read_finished,
 )
-from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
-from envs.errors import EnvError
-from envs.protocol import Protocol
-from envs.rewards import RewardKind
-from envs.synthetic.config import WorldConfig
-from envs.tasks import TaskSet
-from harness.backends.base import PolicyBackend, SamplingParams
-from harness.errors import EndpointError, EndpointRejected, HarnessError
 from harness.policy_protocol import (
     ENV_FIELDS,
     PolicyProtocol,

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from benchmarks.qa.errors import BenchmarkError
-from benchmarks.qa.evaluation import EpisodeRecord
+from envs.qa_datasets.errors import BenchmarkError
+from harness.evaluation.evaluation import EpisodeRecord
 
 __all__ = [
     "RUN_NAME",

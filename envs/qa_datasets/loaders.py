@@ -20,9 +20,9 @@ Formats (`FORMATS`; `detect_format` picks one from a file's content, `--format` 
 - `flashrag`: `{id, question, golden_answers, metadata?}` (FlashRAG, Search-R1), and
   `QATask.to_json` lines (`tracerl world`'s export).
 
-This module is not called `datasets.py` on purpose: a script run from `benchmarks/qa/` puts that
-folder first on `sys.path`, and a local `datasets` module would then shadow Hugging Face's
-`datasets` for every library that imports it (sentence-transformers does).
+This package is not called `datasets` on purpose: a script run from `envs/` puts that folder
+first on `sys.path`, and a local `datasets` would then shadow Hugging Face's `datasets` for
+every library that imports it (sentence-transformers does).
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 from urllib.parse import urlsplit
 
-from benchmarks.qa.errors import DatasetFormatError, DatasetUnavailable, UnknownBenchmarkNameError
+from envs.qa_datasets.errors import (
+    DatasetFormatError,
+    DatasetUnavailable,
+    UnknownBenchmarkNameError,
+)
 from envs.tasks import Paragraph, QATask, TaskSet
 
 __all__ = [

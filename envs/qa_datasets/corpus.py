@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.qa.errors import NoParagraphsError
-from benchmarks.qa.qa_datasets import LoadedDataset
+from envs.qa_datasets.errors import NoParagraphsError
+from envs.qa_datasets.loaders import LoadedDataset
 from envs.tasks import QATask, TaskSet
 from retrieval import BM25Retriever, Document, corpus_hash, write_corpus
 

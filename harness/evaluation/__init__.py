@@ -2,7 +2,7 @@
 
 The front door for Python callers; `tracerl bench` is `run_bench` behind a command line:
 
-    from benchmarks.qa import BenchConfig, run_bench
+    from harness.evaluation import BenchConfig, run_bench
 
     result = run_bench(BenchConfig(agent=("oracle",), limit=20, out=Path("runs/bench")))
     print(result.reports[0].overall.em)  # the scripted oracle on 20 synthetic questions
@@ -21,7 +21,15 @@ The front door for Python callers; `tracerl bench` is `run_bench` behind a comma
   questions), `t_interval` (over seeds).
 """
 
-from benchmarks.qa.agents import (
+from envs.qa_datasets.errors import (
+    BenchmarkError,
+    DatasetFormatError,
+    DatasetUnavailable,
+    NoParagraphsError,
+    UnknownBenchmarkNameError,
+)
+from envs.qa_datasets.loaders import DATASETS, LoadedDataset, load_file, load_named
+from harness.evaluation.agents import (
     Agent,
     AgentAction,
     DecompositionOracle,
@@ -29,7 +37,7 @@ from benchmarks.qa.agents import (
     PolicyAgent,
     ScriptedAgent,
 )
-from benchmarks.qa.cli import (
+from harness.evaluation.bench import (
     AgentArgs,
     BenchConfig,
     BenchResult,
@@ -39,17 +47,15 @@ from benchmarks.qa.cli import (
     make_agent,
     run_bench,
 )
-from benchmarks.qa.errors import (
-    BenchmarkError,
-    DatasetFormatError,
-    DatasetUnavailable,
-    NoParagraphsError,
-    UnknownBenchmarkNameError,
+from harness.evaluation.evaluation import (
+    EpisodeRecord,
+    Metrics,
+    Report,
+    evaluate,
+    evaluate_policy_dir,
 )
-from benchmarks.qa.evaluation import EpisodeRecord, Metrics, Report, evaluate, evaluate_policy_dir
-from benchmarks.qa.qa_datasets import DATASETS, LoadedDataset, load_file, load_named
-from benchmarks.qa.report import write_reports
-from benchmarks.qa.stats import (
+from harness.evaluation.report import write_reports
+from harness.evaluation.stats import (
     Estimate,
     bootstrap_mean,
     paired_difference,

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.qa.agents import Agent, AgentAction
 from envs.tasks import QATask, as_gold_answers
+from harness.evaluation.agents import Agent, AgentAction
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -478,8 +478,8 @@ def evaluate_policy_dir(
         batch_size: Episodes in flight at once (one model batch).
         progress: Draw a tqdm bar.
     """
-    from benchmarks.qa.agents import PolicyAgent
     from harness.backends import SamplingParams, TransformersBackend
+    from harness.evaluation.agents import PolicyAgent
 
     backend = TransformersBackend(policy_dir, seed=seed)
     agent = PolicyAgent(
