@@ -35,7 +35,6 @@ The held-out sets (`EvalSetName`):
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -45,6 +44,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 
 from envs import QATask, SearchQAEnv, TaskSet, World, WorldConfig
+from envs.qa_datasets import load_file
 from harness.config import EvalSetName
 from harness.episodes import question_kind
 from harness.errors import HarnessError
@@ -59,7 +59,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EVAL_SETS",
-    "TASK_FILE_LOADER",
     "EvalSetName",
     "TaskCorpus",
     "Tasks",
@@ -72,11 +71,6 @@ __all__ = [
 ]
 
 EVAL_SETS: tuple[str, ...] = get_args(EvalSetName)
-
-TASK_FILE_LOADER = "envs.qa_datasets.loaders:load_file"
-"""The loader of task files, resolved only when a file source is built (as `tracerl`'s command
-table resolves its entry points): the formats `tracerl bench` reads live in `harness.evaluation`,
-which the harness does not import, so there is one loader and no copy of it here."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,8 +368,6 @@ def _file_corpus(task: TaskConfig, path: Any, *, retriever: Retriever | None = N
     """
     if path is None or task.index is None:
         raise HarnessError("--task.source file needs --task.train-file and --task.index")
-    module, function = TASK_FILE_LOADER.split(":")
-    load_file = getattr(importlib.import_module(module), function)
     try:
         dataset = load_file(path, format=task.file_format)
         if retriever is None:

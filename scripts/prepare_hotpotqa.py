@@ -36,7 +36,7 @@ from pathlib import Path
 
 import tyro
 
-from envs.qa_datasets.loaders import LoadedDataset, load_file, load_named
+from envs.qa_datasets import LoadedDataset, load_file, load_named
 
 log = logging.getLogger("prepare_hotpotqa")
 

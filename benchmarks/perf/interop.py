@@ -195,7 +195,7 @@ def compare_with_flashrag(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _shared_golds(data_dir: Path, per_file: int) -> list[tuple[str, ...]]:
-    from envs.qa_datasets.loaders import load_file
+    from envs.qa_datasets import load_file
 
     golds: list[tuple[str, ...]] = []
     for path in sorted(data_dir.rglob("*.jsonl"))[:8]:

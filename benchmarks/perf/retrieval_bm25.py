@@ -80,8 +80,7 @@ def bench_corpus(
         data_dir: the shared dataset samples; skipped if absent.
         seed: the first synthetic world's seed.
     """
-    from envs.qa_datasets.corpus import build_corpus
-    from envs.qa_datasets.loaders import load_file
+    from envs.qa_datasets import build_corpus, load_file
     from envs.synthetic import World
 
     documents: list[Document] = []

@@ -1,15 +1,14 @@
-"""The `tracerl bench` library: QA datasets, agents, evaluation, reports and statistics.
+"""harness's evaluation room: agents, evaluation, `run_bench`, reports and statistics.
 
-The front door for Python callers; `tracerl bench` is `run_bench` behind a command line:
+The face for Python callers; `tracerl bench` is `run_bench` behind a command line:
 
     from harness.evaluation import BenchConfig, run_bench
 
     result = run_bench(BenchConfig(agent=("oracle",), limit=20, out=Path("runs/bench")))
     print(result.reports[0].overall.em)  # the scripted oracle on 20 synthetic questions
 
-- **questions**: `load_named` (a registry name: HotpotQA, 2Wiki, MuSiQue, NQ, ...), `load_file`
-  (FlashRAG, Search-R1 parquet, the datasets' own JSON, `tracerl world` exports), or
-  `load_data(DataArgs(...))` for what `--dataset`/`--data-file` name;
+- **questions**: `load_data(DataArgs(...))` for what `--dataset`/`--data-file` name (the
+  loaders and formats themselves are `envs.qa_datasets`);
 - **agents**: `ScriptedAgent`, `PolicyAgent` (a local backend), `HTTPAgent` (an
   OpenAI-compatible endpoint), `DecompositionOracle`, or `make_agent` from `AgentArgs`;
 - **evaluation**: `evaluate(agent, env_factory, tasks)` plays the episodes and returns a
@@ -21,14 +20,6 @@ The front door for Python callers; `tracerl bench` is `run_bench` behind a comma
   questions), `t_interval` (over seeds).
 """
 
-from envs.qa_datasets.errors import (
-    BenchmarkError,
-    DatasetFormatError,
-    DatasetUnavailable,
-    NoParagraphsError,
-    UnknownBenchmarkNameError,
-)
-from envs.qa_datasets.loaders import DATASETS, LoadedDataset, load_file, load_named
 from harness.evaluation.agents import (
     Agent,
     AgentAction,
@@ -64,34 +55,25 @@ from harness.evaluation.stats import (
 )
 
 __all__ = [
-    "DATASETS",
     "Agent",
     "AgentAction",
     "AgentArgs",
     "BenchConfig",
     "BenchResult",
-    "BenchmarkError",
     "DataArgs",
-    "DatasetFormatError",
-    "DatasetUnavailable",
     "DecompositionOracle",
     "EpisodeRecord",
     "Estimate",
     "HTTPAgent",
     "LoadedData",
-    "LoadedDataset",
     "Metrics",
-    "NoParagraphsError",
     "PolicyAgent",
     "Report",
     "ScriptedAgent",
-    "UnknownBenchmarkNameError",
     "bootstrap_mean",
     "evaluate",
     "evaluate_policy_dir",
     "load_data",
-    "load_file",
-    "load_named",
     "make_agent",
     "paired_difference",
     "per_question_mean",

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from envs import ScriptedPolicy
-from envs.qa_datasets.loaders import DecompositionStep, LoadedDataset
+from envs.qa_datasets import DecompositionStep, LoadedDataset
 from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
 from harness.episodes import EpisodeCodec

@@ -29,16 +29,20 @@ import tyro
 from envs import NaiveAgent, OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.errors import EnvError
 from envs.protocol import Protocol
-from envs.qa_datasets.corpus import attach_doc_ids, build_corpus, build_index, write_corpus_dir
-from envs.qa_datasets.errors import BenchmarkError, UnknownBenchmarkNameError
-from envs.qa_datasets.loaders import (
+from envs.qa_datasets import (
+    BenchmarkError,
     DatasetSource,
     DecompositionStep,
     FormatName,
     LoadedDataset,
+    UnknownBenchmarkNameError,
+    attach_doc_ids,
+    build_corpus,
+    build_index,
     combine,
     load_file,
     load_named,
+    write_corpus_dir,
 )
 from envs.rewards import RewardKind
 from envs.synthetic.config import WorldConfig

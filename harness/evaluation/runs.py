@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from envs.qa_datasets.errors import BenchmarkError
+from envs.qa_datasets import BenchmarkError
 from harness.evaluation.evaluation import EpisodeRecord
 
 __all__ = [
