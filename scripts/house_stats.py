@@ -61,7 +61,7 @@ def stats(root: Path) -> dict[str, object]:
                     if top not in ALLOWED[package]:
                         back_up.append(f"{name} -> {target}")
                 trainers = name.startswith("harness.openrlhf.") and target == "harness.trainer"
-                router = name == "harness.cli"
+                router = name == "benchmarks.cli"
                 into_openrlhf = target.startswith("harness.openrlhf.")
                 inside = name.startswith("harness.") and not name.startswith("harness.openrlhf.")
                 if trainers or (into_openrlhf and inside and not router):

@@ -24,15 +24,21 @@ ALLOWED: dict[str, set[str]] = {
 # benchmarks' rooms -> the rooms (and shared top-level modules) each may import
 ROOMS: dict[str, set[str]] = {
     "harness.evaluation": {"harness.evaluation"},
-    "benchmarks.perf": {"benchmarks.perf", "harness.evaluation", "benchmarks.meta"},
+    "benchmarks.perf": {
+        "benchmarks.perf",
+        "harness.evaluation",
+        "benchmarks.meta",
+        "benchmarks.cli",
+    },
     "benchmarks.research": {"benchmarks.research", "harness.evaluation", "benchmarks.meta"},
     "benchmarks.meta": set(),
+    "benchmarks.cli": set(),
     # the old command `python -m benchmarks.experiment` (CHANGELOG.md): an alias, nothing more
     "benchmarks.experiment": {"benchmarks.experiment", "benchmarks.research"},
 }
 # where a `tracerl` command may point: the libraries and the research runs (the demo), never a
 # speed script (those are `python -m benchmarks.perf.NAME`)
-COMMAND_TARGETS = ("envs", "retrieval", "harness", "harness.evaluation", "benchmarks.research")
+COMMAND_TARGETS = ("envs", "retrieval", "harness", "benchmarks.cli")
 # third-party modules trace_alloc must never touch: it stays pure numpy
 TRACE_ALLOC_FORBIDDEN = {"torch", "transformers", "httpx", "socket", "requests", "vllm", "ray"}
 
@@ -111,7 +117,7 @@ def test_every_benchmarks_module_lives_in_a_room() -> None:
 
 
 def test_every_command_resolves_to_a_function_where_the_table_allows() -> None:
-    from harness.cli import COMMANDS
+    from benchmarks.cli import COMMANDS
 
     problems = []
     for name, (target, _) in COMMANDS.items():
@@ -140,7 +146,7 @@ def test_the_two_trainers_share_harness_modules_but_do_not_import_each_other() -
         modules = _imported_modules(path)
         if name.startswith("harness.openrlhf."):
             violations += [f"{name} imports {m}" for m in modules if m == "harness.trainer"]
-        elif name != "harness.cli":
+        elif name != "benchmarks.cli":
             violations += [
                 f"{name} imports {m}" for m in modules if m.startswith("harness.openrlhf.")
             ]

@@ -470,7 +470,7 @@ def kill_during_overwrite(work: Path, n_kills: int = 20, seed: int = 0) -> dict[
 
     flat, queries = _flat_file(work)
     out = work / "idx"
-    cmd = [sys.executable, "-m", "harness.cli", "-q"]
+    cmd = [sys.executable, "-m", "benchmarks.cli", "-q"]
     builds = []
     for build_seed in (0, 1):
         start = time.perf_counter()

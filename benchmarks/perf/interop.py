@@ -234,7 +234,7 @@ def main(args: Args) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = world.export(tmp)["corpus"]
         index_dir = Path(tmp) / "bm25"
-        build = [sys.executable, "-m", "harness.cli", "-q", "index", "build"]
+        build = [sys.executable, "-m", "benchmarks.cli", "-q", "index", "build"]
         subprocess.run([*build, "--corpus", str(corpus), "--out", str(index_dir)], check=True)
         proc, url = start_server(index_dir)
         try:

@@ -291,7 +291,7 @@ def test_transformers_agent_plays_the_memorised_episode(parrot_dir: Path) -> Non
 def _bench(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", "bench", *args],
+        [sys.executable, "-m", "benchmarks.cli", "bench", *args],
         capture_output=True,
         text=True,
         timeout=900,

@@ -16,7 +16,7 @@ from harness.evaluation.bench import bench, corpus
 
 def _tracerl(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
+        [sys.executable, "-m", "benchmarks.cli", *args],
         capture_output=True,
         text=True,
         timeout=600,

@@ -242,7 +242,7 @@ def test_run_bench_is_the_command_from_python_stoppable_and_resumable(tmp_path: 
 def test_resume_survives_a_last_line_cut_at_any_byte_even_inside_a_character(
     flashrag: Path,
 ) -> None:
-    from harness.cli import main
+    from benchmarks.cli import main
 
     fresh = flashrag / "fresh"
     assert main(["bench", *_naive_args(flashrag, fresh)]) == 0
@@ -260,7 +260,7 @@ def test_resume_survives_a_last_line_cut_at_any_byte_even_inside_a_character(
 def test_a_corrupt_middle_line_is_one_line_naming_it_and_no_traceback(
     flashrag: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from harness.cli import main
+    from benchmarks.cli import main
 
     out = flashrag / "run"
     assert main(["bench", *_naive_args(flashrag, out)]) == 0

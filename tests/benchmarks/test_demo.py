@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from benchmarks.research.demo import DemoConfig, demo, run_demo
 from benchmarks.research.demo_gain import figures
+from harness.evaluation.demo import DemoConfig, demo, run_demo
 from harness.metrics_log import read_metrics
 
 pytest.importorskip("openrlhf")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from benchmarks.research.demo import summary_sentence
+from harness.evaluation.demo import summary_sentence
 from harness.evaluation.stats import bootstrap_mean, paired_difference, per_question_mean
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.cli import main as tracerl
+from benchmarks.cli import main as tracerl
 from harness.evaluation.tree_view import load_trees, render_text, tree
 from trace_alloc import Prompt, Rollout, RolloutTree, Turn
 

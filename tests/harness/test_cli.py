@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_logs_go_to_stderr_and_the_json_line_ends_stdout(tmp_path: Path) -> None:
     args = ["bench", "--limit", "2", "--no-progress", "--json", "--out", str(tmp_path)]
     done = subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
+        [sys.executable, "-m", "benchmarks.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """Issue 25: every `tracerl` subcommand answers bad input in one line, exit code 2, no traceback.
 
-The cases (`benchmarks.perf.bad_inputs`) cover every command in `harness.cli.COMMANDS`; the
+The cases (`benchmarks.perf.bad_inputs`) cover every command in `benchmarks.cli.COMMANDS`; the
 reliability benchmark counts the same cases. `-v` still shows the traceback.
 """
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.cli import COMMANDS, main
 from benchmarks.perf.bad_inputs import bad_command_lines, run_command_line
-from harness.cli import COMMANDS, main
 
 
 def test_every_subcommand_answers_every_bad_input_in_one_line_without_a_traceback(tmp_path):

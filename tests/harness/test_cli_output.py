@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.logging import RichHandler
 from tqdm import tqdm
 
-import harness.cli as cli
+import benchmarks.cli as cli
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_a_log_line_during_a_bar_goes_above_it_not_into_it(capsys):
 def test_other_torchrun_ranks_draw_no_bars():
     # a fresh process, as torchrun starts one: tqdm reads TQDM_DISABLE when it is imported
     probe = (
-        "import harness.cli as cli\n"
+        "import benchmarks.cli as cli\n"
         "def command(argv):\n"
         "    from tqdm.auto import tqdm\n"
         "    print(tqdm(total=1).disable)\n"

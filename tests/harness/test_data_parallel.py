@@ -108,7 +108,7 @@ def _torchrun_train(run_dir: Path, steps: int) -> None:
         "--standalone",
         "--nproc_per_node=2",
         "-m",
-        "harness.cli",
+        "benchmarks.cli",
         "train",
         "--policy",
         str(WARM_START),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
+from benchmarks.cli import main
 from harness.doctor import (
     Probes,
     Target,

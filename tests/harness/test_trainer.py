@@ -455,13 +455,19 @@ def _cli_args(run_dir: Path, policy: Path, steps: int) -> list[str]:
 
 @pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir):
-    from harness.cli import train as train_cli
+    from benchmarks.cli import train as train_cli
 
     steps = 4
     killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
     # a real `tracerl train` process, killed with SIGKILL while it runs step 3
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "train", *_cli_args(killed_dir, policy_dir, steps)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.cli",
+            "train",
+            *_cli_args(killed_dir, policy_dir, steps),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # the log (rich) and the bars, one stream
         text=True,

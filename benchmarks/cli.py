@@ -33,7 +33,7 @@ __all__ = ["COMMANDS", "main"]
 # name -> (entry point, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": (
-        "benchmarks.research.demo:demo",
+        "harness.evaluation.demo:demo",
         "main job: world, tiny policy, TRACE training, before/after eval",
     ),
     "demo-env": ("envs.cli:demo_env", "run the scripted agents on the default synthetic world"),
@@ -58,11 +58,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "harness.evaluation.tree_view:tree",
         "render a rollout tree as text or a picture (`tree show`)",
     ),
-    "init-model": ("harness.cli:init_model", "train the tokenizer and warm-start the tiny policy"),
-    "train": ("harness.cli:train", "RL training with tree rollouts (CPU, or --backend openrlhf)"),
-    "plot": ("harness.cli:plot", "plot the curves of a training run"),
+    "init-model": (
+        "benchmarks.cli:init_model",
+        "train the tokenizer and warm-start the tiny policy",
+    ),
+    "train": (
+        "benchmarks.cli:train",
+        "RL training with tree rollouts (CPU, or --backend openrlhf)",
+    ),
+    "plot": ("benchmarks.cli:plot", "plot the curves of a training run"),
     "doctor": (
-        "harness.cli:doctor",
+        "benchmarks.cli:doctor",
         "check the machine, toolchain and a run's layout before a GPU run (--json)",
     ),
 }
