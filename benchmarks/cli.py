@@ -1,9 +1,11 @@
-"""The `tracerl` command line.
+"""The `tracerl` command line: the front door, on the top floor.
 
 `COMMANDS` maps each subcommand to a `"module:function"` string that is imported only when that
-command runs, as Gymnasium resolves an `entry_point`. So `tracerl --help` imports no torch, and
-the table adds no import edge between packages. Each package keeps its commands in its own
-`cli.py`; a command function takes the remaining argv and returns an exit code (or None for 0).
+command runs, as Gymnasium resolves an `entry_point`. So `tracerl --help` imports no torch. Every
+string points down a floor (or to this room: `benchmarks.demo`, the main job, and `train`'s
+backend switch here); nothing below imports this module. Each package or room keeps its
+commands in its own `cli.py`; a command function takes the remaining argv and returns an exit
+code (or None for 0).
 
 `main` turns an error that escapes a command into one line on stderr: exit code 2 for bad input
 (a trace-rl typed error, a `ValueError`, an `OSError`, a `LookupError`, or a command's own
@@ -12,28 +14,21 @@ the table adds no import edge between packages. Each package keeps its commands 
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib
 import io
-import json
 import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import IO, cast
 
-import tyro
-
-from harness.doctor import Target
-
-__all__ = ["COMMANDS", "main"]
+__all__ = ["COMMANDS", "TRAINERS", "main"]
 
 # name -> (entry point, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": (
-        "harness.evaluation.demo:demo",
+        "benchmarks.demo:demo",
         "main job: world, tiny policy, TRACE training, before/after eval",
     ),
     "demo-env": ("envs.cli:demo_env", "run the scripted agents on the default synthetic world"),
@@ -59,21 +54,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "render a rollout tree as text or a picture (`tree show`)",
     ),
     "init-model": (
-        "benchmarks.cli:init_model",
+        "harness.training.cli:init_model",
         "train the tokenizer and warm-start the tiny policy",
     ),
     "train": (
-        "benchmarks.cli:train",
+        "benchmarks.cli:train_on_backend",
         "RL training with tree rollouts (CPU, or --backend openrlhf)",
     ),
-    "plot": ("benchmarks.cli:plot", "plot the curves of a training run"),
+    "plot": ("harness.training.cli:plot", "plot the curves of a training run"),
     "doctor": (
-        "benchmarks.cli:doctor",
+        "harness.training.cli:doctor",
         "check the machine, toolchain and a run's layout before a GPU run (--json)",
     ),
 }
 
-log = logging.getLogger("tracerl")
+# `tracerl train --backend NAME` -> the trainer's own command
+TRAINERS: dict[str, str] = {
+    "transformers": "harness.training.cli:train",
+    "openrlhf": "harness.openrlhf.launcher:main",
+}
 
 _OWN_PACKAGES = frozenset({"envs", "retrieval", "harness", "benchmarks", "trace_alloc"})
 _USAGE_ERROR = 2  # argparse's and tyro's exit code for bad input
@@ -103,7 +102,11 @@ def resolve(name: str) -> Callable[[list[str]], int | None]:
         close = difflib.get_close_matches(name, COMMANDS, n=3)
         hint = f" Did you mean: {', '.join(close)}?" if close else ""
         raise SystemExit(f"tracerl: unknown command {name!r}.{hint} Run `tracerl --help`.")
-    module_name, func_name = COMMANDS[name][0].split(":")
+    return _load(COMMANDS[name][0])
+
+
+def _load(target: str) -> Callable[[list[str]], int | None]:
+    module_name, func_name = target.split(":")
     return getattr(importlib.import_module(module_name), func_name)
 
 
@@ -162,95 +165,16 @@ def _split_backend(argv: list[str]) -> tuple[str, list[str]]:
     return backend, rest
 
 
-def train(argv: list[str]) -> int:
+def train_on_backend(argv: list[str]) -> int | None:
     """`tracerl train`: CPU RL with tree rollouts, or `--backend openrlhf` on GPUs.
 
-    `--resume` continues the run in `--run-dir` from its latest checkpoint with the config saved
-    there; flags given on the command line override it (e.g. a larger `--steps`).
+    The two trainers are sibling rooms of the harness; this switch sits above both, so neither
+    imports the other.
     """
     backend, argv = _split_backend(list(argv))
-    if backend == "openrlhf":
-        from harness.openrlhf.launcher import main as launch_openrlhf
-
-        return launch_openrlhf(argv)
-    if backend != "transformers":
+    if backend not in TRAINERS:
         raise SystemExit(f"tracerl train: --backend {backend!r}: choose transformers or openrlhf")
-    from harness.config import TrainConfig, load_config
-    from harness.trainer import train as run_training
-
-    config = tyro.cli(TrainConfig, args=argv, prog="tracerl train")
-    if config.resume:
-        saved = dataclasses.replace(load_config(config.run_dir), resume=True)
-        config = tyro.cli(TrainConfig, args=argv, prog="tracerl train", default=saved)
-    summary = run_training(config)
-    final = summary.final
-    log.info(
-        "finished step %d in %.0f s: reward %.3f, effective ratio %.2f; policy in %s",
-        summary.steps,
-        summary.wall_s,
-        final.get("rollout/reward", float("nan")),
-        final.get("rollout/effective_ratio", float("nan")),
-        summary.policy_dir,
-    )
-    return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class PlotConfig:
-    """`tracerl plot RUN_DIR`: draw a training run's curves into a PNG."""
-
-    run_dir: tyro.conf.Positional[Path]
-    """A `tracerl train` run directory."""
-    out: Path | None = None
-    """Image path; unset: RUN_DIR/curves.png."""
-
-
-def plot(argv: list[str]) -> int:
-    """`tracerl plot RUN_DIR`: the curves of a training run (matplotlib PNG)."""
-    from harness.metrics_log import plot_run
-
-    config = tyro.cli(PlotConfig, args=argv, prog="tracerl plot")
-    path = plot_run(config.run_dir, config.out)
-    print(path)
-    return 0
-
-
-@dataclasses.dataclass(frozen=True)
-class DoctorConfig:
-    """`tracerl doctor`: check this machine, its toolchain and a run's layout (docs/openrlhf.md)."""
-
-    target: tyro.conf.OmitArgPrefixes[Target] = dataclasses.field(default_factory=Target)
-    json: bool = False
-    """Print one JSON object instead of lines."""
-
-
-def doctor(argv: list[str]) -> int:
-    """`tracerl doctor`: one line per check, each failure with its fix; exit 1 on a failure."""
-    from harness.doctor import Probes, format_report, run_checks
-
-    config = tyro.cli(DoctorConfig, args=argv, prog="tracerl doctor")
-    checks = run_checks(Probes.local(), config.target)
-    failed = any(c.status == "fail" for c in checks)
-    if config.json:
-        rows = [dataclasses.asdict(c) for c in checks]
-        print(json.dumps({"ok": not failed, "checks": rows}, indent=2))
-    else:
-        print(format_report(checks))
-    return 1 if failed else 0
-
-
-def init_model(argv: list[str]) -> int:
-    """`tracerl init-model`: train the tokenizer and warm-start the tiny policy (cached)."""
-    import tyro
-    from rich.console import Console
-
-    from harness.tiny_policy import InitModelArgs, summary_table
-    from harness.tiny_policy import init_model as build_policy
-
-    args = tyro.cli(InitModelArgs, args=argv, prog="tracerl init-model")
-    artifacts = build_policy(args.policy, args.run_dir, force=args.force, progress=args.progress)
-    Console().print(summary_table(artifacts))
-    return 0
+    return _load(TRAINERS[backend])(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -33,12 +33,13 @@ ROOMS: dict[str, set[str]] = {
     "benchmarks.research": {"benchmarks.research", "harness.evaluation", "benchmarks.meta"},
     "benchmarks.meta": set(),
     "benchmarks.cli": set(),
+    "benchmarks.demo": {"harness.evaluation"},
     # the old command `python -m benchmarks.experiment` (CHANGELOG.md): an alias, nothing more
     "benchmarks.experiment": {"benchmarks.experiment", "benchmarks.research"},
 }
 # where a `tracerl` command may point: the libraries and the research runs (the demo), never a
 # speed script (those are `python -m benchmarks.perf.NAME`)
-COMMAND_TARGETS = ("envs", "retrieval", "harness", "benchmarks.cli")
+COMMAND_TARGETS = ("envs", "retrieval", "harness", "benchmarks.cli", "benchmarks.demo")
 # third-party modules trace_alloc must never touch: it stays pure numpy
 TRACE_ALLOC_FORBIDDEN = {"torch", "transformers", "httpx", "socket", "requests", "vllm", "ray"}
 

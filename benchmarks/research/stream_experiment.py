@@ -205,7 +205,7 @@ class _Context:
 
 
 def _demo_config(config: StreamExperimentConfig, questions: int, samples: int) -> Any:
-    from harness.evaluation.demo import DemoConfig
+    from harness.evaluation import DemoConfig
 
     return DemoConfig(
         run_dir=config.run_dir,
@@ -239,7 +239,7 @@ def _build_sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> d
     `validation`; `test` (the curve's points); `test_final` (the test set at full samples, plus
     the fact-disjoint and decoy sets).
     """
-    from harness.evaluation.demo import demo_test_sets
+    from harness.evaluation import demo_test_sets
 
     if which == "validation":
         demo = _demo_config(config, config.validation_questions, config.validation_samples)
@@ -352,7 +352,7 @@ def _check_worlds(config: StreamExperimentConfig, artifacts: Any) -> None:
 
 def _train_config(run: StreamRun, context: _Context, artifacts: Any, steps: int) -> Any:
     from harness.config import AllocConfig, BudgetConfig, OptimConfig
-    from harness.evaluation.demo import demo_train_config
+    from harness.evaluation import demo_train_config
 
     config = context.config
     demo = demo_train_config(_demo_config(config, 1, 1), artifacts)

@@ -31,13 +31,15 @@ from typing import Any, Literal
 
 import tyro
 
-from harness.evaluation import Report, per_question_mean, t_interval
-from harness.evaluation.demo import (
+from harness.evaluation import (
     DemoConfig,
+    Report,
     demo_test_sets,
     demo_train_config,
     evaluate_test_sets,
     kind_em,
+    per_question_mean,
+    t_interval,
     train_or_reuse,
 )
 

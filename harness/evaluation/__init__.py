@@ -16,6 +16,8 @@ The face for Python callers; `tracerl bench` is `run_bench` behind a command lin
   `evaluate_policy_dir` evaluates a local transformers policy on given questions;
 - **a whole run**: `run_bench(BenchConfig(...))` loads, indexes, evaluates and writes the report
   files, resumably;
+- **the main job** (`tracerl demo`): `run_demo(DemoConfig(...))`, and the pieces research runs
+  reuse: `demo_test_sets`, `demo_train_config`, `evaluate_test_sets`, `train_or_reuse`;
 - **statistics**: `bootstrap_mean`, `paired_difference`, `per_question_mean` (95 % intervals over
   questions), `t_interval` (over seeds).
 """
@@ -38,6 +40,17 @@ from harness.evaluation.bench import (
     make_agent,
     run_bench,
 )
+from harness.evaluation.demo import (
+    TEST_SETS,
+    DemoConfig,
+    demo_test_sets,
+    demo_train_config,
+    evaluate_test_sets,
+    kind_em,
+    run_demo,
+    summary_sentence,
+    train_or_reuse,
+)
 from harness.evaluation.evaluation import (
     EpisodeRecord,
     Metrics,
@@ -55,6 +68,7 @@ from harness.evaluation.stats import (
 )
 
 __all__ = [
+    "TEST_SETS",
     "Agent",
     "AgentAction",
     "AgentArgs",
@@ -62,6 +76,7 @@ __all__ = [
     "BenchResult",
     "DataArgs",
     "DecompositionOracle",
+    "DemoConfig",
     "EpisodeRecord",
     "Estimate",
     "HTTPAgent",
@@ -71,13 +86,20 @@ __all__ = [
     "Report",
     "ScriptedAgent",
     "bootstrap_mean",
+    "demo_test_sets",
+    "demo_train_config",
     "evaluate",
     "evaluate_policy_dir",
+    "evaluate_test_sets",
+    "kind_em",
     "load_data",
     "make_agent",
     "paired_difference",
     "per_question_mean",
     "run_bench",
+    "run_demo",
+    "summary_sentence",
     "t_interval",
+    "train_or_reuse",
     "write_reports",
 ]

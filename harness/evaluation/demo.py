@@ -1,4 +1,4 @@
-"""`tracerl demo` (what `make run` runs): RL on fresh worlds, judged on worlds it never saw.
+"""The main job (`tracerl demo`, `make run`): RL on fresh worlds, judged on worlds it never saw.
 
 1. **policy**: the default synthetic world and the warm-started tiny policy
    (`harness.tiny_policy.init_model`: the shipped warm start, or one cached under
@@ -37,22 +37,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import tyro
-
 from envs.tasks import QATask
-from harness.evaluation import (
-    Report,
-    bootstrap_mean,
-    evaluate_policy_dir,
-    paired_difference,
-    per_question_mean,
-    write_reports,
-)
+from harness.evaluation.evaluation import Report, evaluate_policy_dir
+from harness.evaluation.report import write_reports
+from harness.evaluation.stats import bootstrap_mean, paired_difference, per_question_mean
 
 __all__ = [
     "TEST_SETS",
     "DemoConfig",
-    "demo",
     "demo_test_sets",
     "demo_train_config",
     "evaluate_test_sets",
@@ -67,12 +59,6 @@ log = logging.getLogger(__name__)
 TEST_SETS = ("unseen", "fact_disjoint", "decoy")
 """`unseen`: worlds never trained on (primary); `fact_disjoint`: the warm start's worlds, facts
 no training question chains; `decoy`: its training questions over another world's documents."""
-
-LABELS = {
-    "unseen": "unseen worlds",
-    "fact_disjoint": "fact-disjoint questions",
-    "decoy": "decoy corpus (memory)",
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -450,46 +436,3 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     record["summary"] = summary_sentence(record)
     (config.run_dir / "demo.json").write_text(json.dumps(record, indent=2), encoding="utf-8")
     return record
-
-
-def _print_table(record: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title="tracerl demo: sampled EM (T=1), 95 % bootstrap CI over questions")
-    for column in ("test set", "questions x samples", "warm start", "after TRACE", "gain"):
-        table.add_column(column, justify="left" if column == "test set" else "right")
-    for name, c in record["sets"].items():
-        cells = [
-            f"{c[side]['mean']:{sign}.3f} [{c[side]['low']:.3f}, {c[side]['high']:.3f}]"
-            for side, sign in (("before", ""), ("after", ""), ("gain", "+"))
-        ]
-        table.add_row(LABELS[name], f"{c['n_questions']} x {c['n_samples']}", *cells)
-    console.print(table)
-    unseen = record["sets"]["unseen"]
-    kinds = Table(title="unseen-world EM by question kind")
-    for column in ("kind", "warm start", "after TRACE"):
-        kinds.add_column(column, justify="left" if column == "kind" else "right")
-    for kind, em in unseen["before_by_kind"].items():
-        after = unseen["after_by_kind"].get(kind, float("nan"))
-        kinds.add_row(kind, f"{em:.3f}", f"{after:.3f}")
-    console.print(kinds)
-    t = record["times"]
-    console.print(
-        f"time: policy {t['policy_s']:.0f} s, eval {t['eval_before_s']:.0f}+{t['eval_after_s']:.0f}"
-        f" s, RL {t['train_s']:.0f} s; total {t['total_s']:.0f} s"
-    )
-    paths = record["paths"]
-    console.print(f"report: {paths['markdown']}; curves: {paths['curves']}")
-    if "learning_curve" in paths:
-        console.print(f"learning curve: {paths['learning_curve']}")
-    console.print(record["summary"], style="bold")
-
-
-def demo(argv: list[str]) -> int:
-    """`tracerl demo`: the main job (`make run`)."""
-    config = tyro.cli(DemoConfig, args=argv, prog="tracerl demo")
-    record = run_demo(config)
-    _print_table(record)
-    return 0

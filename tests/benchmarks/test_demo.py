@@ -6,8 +6,9 @@ import json
 
 import pytest
 
+from benchmarks.demo import demo
 from benchmarks.research.demo_gain import figures
-from harness.evaluation.demo import DemoConfig, demo, run_demo
+from harness.evaluation.demo import DemoConfig, run_demo
 from harness.metrics_log import read_metrics
 
 pytest.importorskip("openrlhf")

@@ -455,7 +455,7 @@ def _cli_args(run_dir: Path, policy: Path, steps: int) -> list[str]:
 
 @pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir):
-    from benchmarks.cli import train as train_cli
+    from harness.training.cli import train as train_cli
 
     steps = 4
     killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
