@@ -139,14 +139,16 @@ def test_every_command_resolves_to_a_function_where_the_table_allows() -> None:
 
 def test_the_two_trainers_share_harness_modules_but_do_not_import_each_other() -> None:
     """harness.openrlhf builds on the harness; the harness (but the `tracerl` router) does not
-    import it, and it does not import the CPU trainer: shared pieces live in harness.config,
-    harness.metrics_log and harness.openrlhf_compat."""
+    import it, and it does not import the CPU trainer: shared pieces live in
+    harness.training.config, harness.training.metrics_log and harness.training.openrlhf_compat."""
     violations = []
     for path in _modules("harness"):
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
         modules = _imported_modules(path)
         if name.startswith("harness.openrlhf."):
-            violations += [f"{name} imports {m}" for m in modules if m == "harness.trainer"]
+            violations += [
+                f"{name} imports {m}" for m in modules if m == "harness.training.trainer"
+            ]
         elif name != "benchmarks.cli":
             violations += [
                 f"{name} imports {m}" for m in modules if m.startswith("harness.openrlhf.")

@@ -131,7 +131,7 @@ def _setup(args: Args, scratch: Path) -> tuple[Path, Any, Any, str]:
 
 def _backend(kind: str, policy: Path, tokenizer: Any, args: Args) -> Any:
     """A `PolicyBackend` of the given kind over the policy directory."""
-    from harness.backends import TransformersBackend, VLLMBackend
+    from harness.policies import TransformersBackend, VLLMBackend
 
     if kind == "transformers":
         return TransformersBackend(policy, tokenizer, seed=args.seed)
@@ -158,9 +158,9 @@ def main(args: Args) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from benchmarks.meta import run_meta
-    from harness.backends import SamplingParams
-    from harness.engine import TreeRolloutEngine
-    from harness.episodes import EpisodeCodec
+    from harness.policies import SamplingParams
+    from harness.rollout.engine import TreeRolloutEngine
+    from harness.rollout.episodes import EpisodeCodec
     from retrieval.bm25 import BM25Retriever
     from trace_alloc import BudgetLimit, HashedNgramFeaturizer, MLPPredictor, make_allocator
 

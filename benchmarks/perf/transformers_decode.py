@@ -29,8 +29,8 @@ from typing import Any
 import torch
 import tyro
 
-from harness.backends import SamplingParams, TransformersBackend
-from harness.backends.base import STOP_STRINGS
+from harness.policies import SamplingParams, TransformersBackend
+from harness.policies.base import STOP_STRINGS
 
 
 @dataclass

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from envs import ScriptedPolicy
 from envs.qa_datasets import DecompositionStep, LoadedDataset
-from harness.backends.base import STOP_STRINGS, PolicyBackend, SamplingParams
-from harness.backends.openai_compat import OpenAICompatClient, TextCompletion
-from harness.episodes import EpisodeCodec
 from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
+from harness.policies.base import STOP_STRINGS, PolicyBackend, SamplingParams
+from harness.policies.openai_compat import OpenAICompatClient, TextCompletion
+from harness.rollout.episodes import EpisodeCodec
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

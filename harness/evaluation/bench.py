@@ -47,7 +47,6 @@ from envs.qa_datasets import (
 from envs.rewards import RewardKind
 from envs.synthetic.config import WorldConfig
 from envs.tasks import TaskSet
-from harness.backends.base import PolicyBackend, SamplingParams
 from harness.errors import EndpointError, EndpointRejected, HarnessError
 from harness.evaluation.agents import (
     Agent,
@@ -72,13 +71,14 @@ from harness.evaluation.runs import (
     check_fresh_out,
     read_finished,
 )
-from harness.policy_protocol import (
+from harness.policies.base import PolicyBackend, SamplingParams
+from harness.policies.policy_protocol import (
     ENV_FIELDS,
     PolicyProtocol,
     PolicyProtocolError,
     read_policy_protocol,
 )
-from harness.task_sources import fact_disjoint_questions
+from harness.training.task_sources import fact_disjoint_questions
 from retrieval import (
     BM25Retriever,
     CachedRetriever,
@@ -127,7 +127,7 @@ class DataArgs:
     split: str | None = None
     """Hub split to load instead of the registry's (test, else dev); for `synthetic`: all,
     train, dev, test, test_entities, or fact_disjoint (questions none of whose hop facts a
-    train question chains: `harness.task_sources.fact_disjoint_questions`)."""
+    train question chains: `harness.training.task_sources.fact_disjoint_questions`)."""
     hub_path: Path | None = None
     """A local copy of the hub repo (e.g. from `hf download`) to load `--dataset` from."""
     limit: int | None = None
@@ -651,7 +651,7 @@ def make_agent(
     name = f"{kind}:{Path(args.model).name or args.model}"
     sampling = _sampling(args, seed)
     if kind == "openai":
-        from harness.backends.openai_compat import EndpointConfig, OpenAICompatClient
+        from harness.policies.openai_compat import EndpointConfig, OpenAICompatClient
 
         try:
             endpoint = EndpointConfig(
@@ -679,7 +679,7 @@ def make_agent(
         )
     settings = {"backend": kind, "model": args.model}
     if kind == "transformers":
-        from harness.backends.transformers_backend import TransformersBackend
+        from harness.policies.transformers_backend import TransformersBackend
 
         local = TransformersBackend(
             args.model, device=args.device, batch_size=args.concurrency, seed=seed
@@ -689,7 +689,7 @@ def make_agent(
     else:
         from transformers import AutoTokenizer
 
-        from harness.backends.vllm_backend import VLLMBackend
+        from harness.policies.vllm_backend import VLLMBackend
 
         backend = VLLMBackend(args.model, max_model_len=args.max_context_tokens, seed=seed)
         tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -3,8 +3,9 @@
 1. **policy**: the default synthetic world and the warm-started tiny policy
    (`harness.tiny_policy.init_model`: the shipped warm start, or one cached under
    `RUN_DIR/tiny_policy`, or a fresh build for another recipe);
-2. **before**: evaluate it at temperature 1 on three held-out sets (`harness.task_sources`),
-   with `harness.evaluation.evaluation.evaluate` (what `tracerl bench` runs):
+2. **before**: evaluate it at temperature 1 on three held-out sets
+   (`harness.training.task_sources`), with `harness.evaluation.evaluation.evaluate` (what `tracerl
+   bench` runs):
    - `unseen`: questions of worlds no policy ever trained on, each over its own index (the
      primary set: it measures searching and reading, not memory);
    - `fact_disjoint`: questions of the worlds the warm start trained on (its world and its
@@ -13,7 +14,7 @@
    - `decoy`: the warm start's training questions over another world's documents (no
      observation holds the answer: EM here is answering from memory, and must stay near 0);
 3. **train**: RL with TRACE on a stream of freshly generated worlds, one per step
-   (`harness.trainer.train` with `--task.source stream`; run directory `RUN_DIR/rl`; a
+   (`harness.training.trainer.train` with `--task.source stream`; run directory `RUN_DIR/rl`; a
    finished run with the same config is reused, a killed one resumed), evaluating unseen-world
    questions every `curve_every` steps for the learning curve;
 4. **after**: the same evaluations of the trained policy, same questions, same seed;
@@ -169,7 +170,7 @@ def demo_test_sets(
     env routes each question to its own world's index (`_CorpusRouter`). `unseen_world_seeds`
     replaces the unseen set's worlds (`TaskConfig.unseen_world_seeds`); `names` picks sets.
     """
-    from harness.task_sources import eval_set
+    from harness.training.task_sources import eval_set
 
     task = _task_config(config, artifacts)
     if unseen_world_seeds is not None:
@@ -197,7 +198,7 @@ def demo_test_sets(
 
 def kind_em(report: Report) -> dict[str, float]:
     """EM per question kind (bridge-2hop, bridge-3hop, bridge-4hop, comparison, ...)."""
-    from harness.episodes import question_kind
+    from harness.rollout.episodes import question_kind
 
     groups: dict[str, list[float]] = {}
     for r in report.episodes:
@@ -247,7 +248,7 @@ def summary_sentence(record: dict[str, Any]) -> str:
 
 def _task_config(config: DemoConfig, artifacts: Any) -> Any:
     """The RL run's task: a world stream, judged on the warm start's world's held-out sets."""
-    from harness.config import TaskConfig
+    from harness.training.config import TaskConfig
 
     demos = artifacts.config.demos  # the warm start's demonstration worlds: fact-disjoint too
     return TaskConfig(
@@ -263,8 +264,8 @@ def _task_config(config: DemoConfig, artifacts: Any) -> Any:
 
 
 def demo_train_config(config: DemoConfig, artifacts: Any) -> Any:
-    """The demo's RL run (`harness.config.TrainConfig`): TRACE on the world stream."""
-    from harness.config import (
+    """The demo's RL run (`harness.training.config.TrainConfig`): TRACE on the world stream."""
+    from harness.training.config import (
         AllocConfig,
         BudgetConfig,
         EvalConfig,
@@ -330,7 +331,7 @@ def evaluate_test_sets(
 
 
 def train_or_reuse(train_config: Any, *, force: bool = False) -> tuple[bool, float]:
-    """Run `harness.trainer.train(train_config)`, unless its run directory holds it finished.
+    """Run `harness.training.train(train_config)`, unless its run directory holds it finished.
 
     A killed run with the same config is resumed from its last checkpoint.
 
@@ -341,8 +342,8 @@ def train_or_reuse(train_config: Any, *, force: bool = False) -> tuple[bool, flo
         FileExistsError: the run directory holds a run with another config (and not `force`,
             which deletes it and retrains).
     """
-    from harness.config import load_config
-    from harness.trainer import train
+    from harness.training.config import load_config
+    from harness.training.trainer import train
 
     rl_dir = train_config.run_dir
     start = time.perf_counter()
@@ -374,8 +375,8 @@ def run_demo(config: DemoConfig, policy_config: Any = None) -> dict[str, Any]:
     Raises:
         FileExistsError: `RUN_DIR/rl` holds a run with another config (use `force`).
     """
-    from harness.metrics_log import plot_learning_curve, plot_run
     from harness.tiny_policy import TinyPolicyConfig, init_model
+    from harness.training.metrics_log import plot_learning_curve, plot_run
 
     times: dict[str, float] = {}
     start = time.perf_counter()

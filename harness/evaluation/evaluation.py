@@ -478,8 +478,8 @@ def evaluate_policy_dir(
         batch_size: Episodes in flight at once (one model batch).
         progress: Draw a tqdm bar.
     """
-    from harness.backends import SamplingParams, TransformersBackend
     from harness.evaluation.agents import PolicyAgent
+    from harness.policies import SamplingParams, TransformersBackend
 
     backend = TransformersBackend(policy_dir, seed=seed)
     agent = PolicyAgent(

@@ -13,7 +13,7 @@ trace-rl subclasses its extension points instead of forking it (docs/openrlhf.md
   `launcher.main`.
 
 Importing this package imports nothing heavy: each module above imports OpenRLHF itself, and
-`harness.openrlhf_compat.ensure_flash_attn` makes that work where flash-attn is missing.
+`harness.training.openrlhf_compat.ensure_flash_attn` makes that work where flash-attn is missing.
 """
 
 __all__: list[str] = []

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import tyro
 
-from harness.doctor import Target
+from harness.training.doctor import Target
 
 __all__ = ["DoctorConfig", "PlotConfig", "doctor", "init_model", "plot", "train"]
 
@@ -27,8 +27,8 @@ def train(argv: list[str]) -> int:
     `--resume` continues the run in `--run-dir` from its latest checkpoint with the config saved
     there; flags given on the command line override it (e.g. a larger `--steps`).
     """
-    from harness.config import TrainConfig, load_config
-    from harness.trainer import train as run_training
+    from harness.training.config import TrainConfig, load_config
+    from harness.training.trainer import train as run_training
 
     config = tyro.cli(TrainConfig, args=argv, prog="tracerl train")
     if config.resume:
@@ -59,7 +59,7 @@ class PlotConfig:
 
 def plot(argv: list[str]) -> int:
     """`tracerl plot RUN_DIR`: the curves of a training run (matplotlib PNG)."""
-    from harness.metrics_log import plot_run
+    from harness.training.metrics_log import plot_run
 
     config = tyro.cli(PlotConfig, args=argv, prog="tracerl plot")
     path = plot_run(config.run_dir, config.out)
@@ -78,7 +78,7 @@ class DoctorConfig:
 
 def doctor(argv: list[str]) -> int:
     """`tracerl doctor`: one line per check, each failure with its fix; exit 1 on a failure."""
-    from harness.doctor import Probes, format_report, run_checks
+    from harness.training.doctor import Probes, format_report, run_checks
 
     config = tyro.cli(DoctorConfig, args=argv, prog="tracerl doctor")
     checks = run_checks(Probes.local(), config.target)

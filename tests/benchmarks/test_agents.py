@@ -24,8 +24,6 @@ from fastapi.responses import JSONResponse
 from envs import SearchQAEnv
 from envs.qa_datasets.loaders import load_file
 from envs.tasks import QATask, TaskSet
-from harness.backends.base import Completion, SamplingParams
-from harness.backends.openai_compat import EndpointConfig, OpenAICompatClient
 from harness.evaluation.agents import (
     DecompositionOracle,
     HTTPAgent,
@@ -37,6 +35,8 @@ from harness.evaluation.agents import (
 )
 from harness.evaluation.bench import bench
 from harness.evaluation.evaluation import evaluate
+from harness.policies.base import Completion, SamplingParams
+from harness.policies.openai_compat import EndpointConfig, OpenAICompatClient
 from retrieval import BM25Retriever, Document, write_corpus
 
 DOCS = [
@@ -176,7 +176,7 @@ def test_policy_agent_appends_observation_tokens_without_retokenising() -> None:
 
 
 def test_policy_agent_feeds_the_policy_what_the_training_harness_does() -> None:
-    from harness.episodes import EpisodeCodec, run_episodes
+    from harness.rollout.episodes import EpisodeCodec, run_episodes
 
     tokenizer = CharTokenizer()
     evaluated, trained = ScriptedBackend(), ScriptedBackend()
@@ -270,7 +270,7 @@ def parrot_dir(tmp_path_factory, tokenizer, episode_texts) -> Path:
 
 
 def test_transformers_agent_plays_the_memorised_episode(parrot_dir: Path) -> None:
-    from harness.backends.transformers_backend import TransformersBackend
+    from harness.policies.transformers_backend import TransformersBackend
 
     backend = TransformersBackend(parrot_dir)
     sampling = SamplingParams(temperature=0.0, max_new_tokens=24)

@@ -9,7 +9,7 @@ import pytest
 from benchmarks.demo import demo
 from benchmarks.research.demo_gain import figures
 from harness.evaluation.demo import DemoConfig, run_demo
-from harness.metrics_log import read_metrics
+from harness.training.metrics_log import read_metrics
 
 pytest.importorskip("openrlhf")
 

@@ -9,7 +9,7 @@ import pytest
 
 from harness.evaluation.evaluation import EpisodeRecord, Report
 from harness.evaluation.report import plot_reports
-from harness.metrics_log import plot_run
+from harness.training.metrics_log import plot_run
 
 
 @pytest.fixture

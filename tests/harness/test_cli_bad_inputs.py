@@ -41,12 +41,12 @@ def test_verbose_shows_the_traceback(tmp_path: Path):
 def test_an_unexpected_error_is_one_line_and_exit_code_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ):
-    import harness.metrics_log
+    import harness.training.metrics_log
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(harness.metrics_log, "plot_run", broken)
+    monkeypatch.setattr(harness.training.metrics_log, "plot_run", broken)
     assert main(["plot", "somewhere"]) == 1
     err = capsys.readouterr().err
     assert "tracerl plot: a bug" in err and "rerun with -v" in err and "Traceback" not in err

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness.distributed import Ranks, ShardedExecutor, check_same_across_ranks, deal
 from harness.errors import ResumeError
-from harness.trainer import _rank_engine_rng
+from harness.training.distributed import Ranks, ShardedExecutor, check_same_across_ranks, deal
+from harness.training.trainer import _rank_engine_rng
 from trace_alloc import RolloutRequest
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.cli import main
-from harness.doctor import (
+from harness.training.doctor import (
     Probes,
     Target,
     compare_nodes,

@@ -12,7 +12,7 @@ import pytest
 from envs import World, WorldConfig
 from envs.qa_datasets.errors import BenchmarkError
 from harness.evaluation.bench import BenchConfig, run_bench, with_policy_protocol
-from harness.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
+from harness.policies.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE, SHIPPED_DIR
 
 SHIPPED = str(SHIPPED_DIR)

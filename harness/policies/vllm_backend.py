@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.backends.base import BackendUnavailable, Completion, SamplingParams
+from harness.policies.base import BackendUnavailable, Completion, SamplingParams
 
 __all__ = ["VLLMBackend"]
 

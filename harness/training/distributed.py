@@ -41,7 +41,7 @@ from harness.errors import RankMismatchError
 from trace_alloc import Rollout, RolloutRequest, RolloutTree
 
 if TYPE_CHECKING:
-    from harness.engine import TreeRolloutEngine
+    from harness.rollout.engine import TreeRolloutEngine
 
 __all__ = [
     "ONE_PROCESS",

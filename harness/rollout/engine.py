@@ -10,7 +10,7 @@ One step goes like this:
    forks the parked episode of that node `n` times (the env is forked in O(1) and the token
    stream is copied, so a continuation starts from exactly the anchor's prefix tokens), and
    plays *all* live episodes of the wave together, one batched `generate` per turn across
-   prompts (`harness.episodes.advance`). With a backend that runs requests concurrently
+   prompts (`harness.rollout.episodes.advance`). With a backend that runs requests concurrently
    (`ConcurrentPolicyBackend`, e.g. OpenRLHF's Ray engines) the episodes are not in lockstep:
    whichever actions come back are stepped together and sent their next turn at once, while
    slower ones are still being generated.
@@ -40,8 +40,9 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from harness.backends.base import ConcurrentPolicyBackend, PolicyBackend, SamplingParams
-from harness.episodes import (
+from harness.errors import RolloutError
+from harness.policies.base import ConcurrentPolicyBackend, PolicyBackend, SamplingParams
+from harness.rollout.episodes import (
     EpisodeCodec,
     LiveEpisode,
     PlayedTurn,
@@ -50,7 +51,6 @@ from harness.episodes import (
     ready_for_turn,
     start_episodes,
 )
-from harness.errors import RolloutError
 from trace_alloc import (
     Allocator,
     BudgetLimit,
@@ -108,9 +108,11 @@ class TreeRolloutEngine:
             unanswered (the model's context); None for no limit.
         seed: Seeds the engine's generator (the per-turn sampling seeds).
         batch_tool_calls: Send all searches of a turn of the wave to the retriever in one
-            batched call (`harness.episodes.prefetch_searches`); False: one call per episode.
+            batched call (`harness.rollout.episodes.prefetch_searches`); False: one call per
+            episode.
         snapshot_prefix: Starts every snapshot id; data-parallel ranks each take their own
-            (`harness.distributed.ShardedExecutor` routes a fork to the rank that parked it).
+            (`harness.training.distributed.ShardedExecutor` routes a fork to the rank that parked
+            it).
         lockstep: Play every episode of a wave turn by turn together (one batched `generate`
             per turn). None: only when the backend cannot run requests concurrently (it is not
             a `ConcurrentPolicyBackend`). Either way a wave runs exactly its requests, so the
@@ -374,7 +376,7 @@ class TreeRolloutEngine:
             tokens_per_leaf: Token-currency estimate for the first wave.
             max_waves: Safety bound on the number of waves.
             execute: What runs the waves (default: this engine); a wrapper around it such as
-                `harness.distributed.ShardedExecutor`.
+                `harness.training.distributed.ShardedExecutor`.
 
         Returns:
             The driver's `StepResult`: the trees, the trees to train on, spend and carry.
@@ -454,7 +456,7 @@ def _end_reason(last: PlayedTurn) -> str:
     """How an episode ended: an answer, the env's turn limit, the model's context, or a fault."""
     info = last.info
     if info.get("failed"):
-        return "failed"  # a retrieval that failed after its retries (harness.episodes.advance)
+        return "failed"  # a retrieval that failed after its retries (episodes.advance)
     if "answer" in info:
         return "answer"
     if int(info.get("turn_idx", 0)) >= int(info.get("max_turns", 1 << 30)):
@@ -492,7 +494,7 @@ def failed_leaves(tree: RolloutTree) -> frozenset[int]:
     """The leaves of `tree` whose episode a fault ended (`end == "failed"`).
 
     Such an episode stopped because a retrieval still failed after the retriever's own retries
-    (`harness.episodes.apply_turn`); its reward 0 says nothing about the policy.
+    (`harness.rollout.episodes.apply_turn`); its reward 0 says nothing about the policy.
     """
     return frozenset(
         leaf

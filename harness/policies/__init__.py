@@ -7,12 +7,12 @@ server over HTTP (httpx only), built on an `OpenAICompatClient` and its `Endpoin
 
 from typing import TYPE_CHECKING, Any
 
-from harness.backends.base import BackendUnavailable, Completion, PolicyBackend, SamplingParams
-from harness.backends.openai_compat import EndpointConfig, OpenAICompatBackend, OpenAICompatClient
+from harness.policies.base import BackendUnavailable, Completion, PolicyBackend, SamplingParams
+from harness.policies.openai_compat import EndpointConfig, OpenAICompatBackend, OpenAICompatClient
 
 if TYPE_CHECKING:
-    from harness.backends.transformers_backend import TransformersBackend
-    from harness.backends.vllm_backend import VLLMBackend
+    from harness.policies.transformers_backend import TransformersBackend
+    from harness.policies.vllm_backend import VLLMBackend
 
 __all__ = [
     "BackendUnavailable",
@@ -33,11 +33,11 @@ def __getattr__(name: str) -> Any:
     `import torch` takes seconds; a command's `--help` (or an HTTP-only run) must not pay it.
     """
     if name == "TransformersBackend":
-        from harness.backends.transformers_backend import TransformersBackend
+        from harness.policies.transformers_backend import TransformersBackend
 
         return TransformersBackend
     if name == "VLLMBackend":
-        from harness.backends.vllm_backend import VLLMBackend
+        from harness.policies.vllm_backend import VLLMBackend
 
         return VLLMBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

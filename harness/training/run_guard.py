@@ -1,8 +1,8 @@
 """A run that fails loud: check the retriever at start, stop when step after step fails.
 
 A dead retriever does not crash a run: every search fails after its retries, every episode ends
-as failed and is left out of training (`harness.engine.leaves_to_train`), and the run goes on
-training nothing. Both trainers (the CPU one and the OpenRLHF one) therefore
+as failed and is left out of training (`harness.rollout.engine.leaves_to_train`), and the run goes
+on training nothing. Both trainers (the CPU one and the OpenRLHF one) therefore
 
 - ask the retriever's `/health` before the first step (`check_retriever`), so a wrong URL stops
   the run at once with the URL in the message;
@@ -18,8 +18,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from harness.config import AbortConfig
 from harness.errors import HarnessError, RunAborted
+from harness.training.config import AbortConfig
 from retrieval import Retriever
 from retrieval.cache import CachedRetriever
 from retrieval.client import HTTPRetriever

@@ -1,10 +1,10 @@
 """The CPU trainer: TRACE tree rollouts and OpenRLHF's PolicyLoss, in one process, one file.
 
 Read it top to bottom, as CleanRL's `ppo.py`: `train` sets the run up (`set_up`, which builds
-the run's parts from a `harness.config.TrainConfig`; `harness.task_sources.build_tasks` is
-where the questions and the corpus come from: one world, a stream of fresh worlds, or a task
-file), continues a checkpoint (`resume`), then loops over the steps, whose phases run in order
-(`_step`):
+the run's parts from a `harness.training.config.TrainConfig`;
+`harness.training.task_sources.build_tasks` is where the questions and the corpus come from: one
+world, a stream of fresh worlds, or a task file), continues a checkpoint (`resume`), then loops over
+the steps, whose phases run in order (`_step`):
 
 1. **data**: take the next `pool_size` prompts of the train split (a seeded, resumable cursor),
    or, on a world stream, of the step's freshly generated world (its env replaces the last);
@@ -24,7 +24,7 @@ and saves the trained policy.
 
 Under `torchrun --nproc_per_node N` the same loop runs data-parallel: rollouts are sharded by
 rank wave by wave, leaves are dealt to ranks, the loss is the global token mean, and only rank 0
-writes files (`harness.distributed`).
+writes files (`harness.training.distributed`).
 
 A baseline is an allocator name (`alloc.name`), never another trainer: every method goes
 through the same engine, budget, advantages and loss. `train(config)` returns a summary, so
@@ -49,8 +49,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from harness.backends import SamplingParams, TransformersBackend
-from harness.checkpoint import (
+from harness.errors import HarnessError, ResumeError
+from harness.policies import SamplingParams, TransformersBackend
+from harness.rollout.engine import TreeRolloutEngine, leaves_to_train
+from harness.rollout.episodes import EpisodeCodec, evaluate_policy
+from harness.tiny_policy.pipeline import ARTIFACTS_FILE
+from harness.training.checkpoint import (
     LoadedCheckpoint,
     latest_checkpoint,
     load_checkpoint,
@@ -58,8 +62,8 @@ from harness.checkpoint import (
     policy_parameters,
     save_checkpoint,
 )
-from harness.config import CONFIG_FILE, OptimConfig, TrainConfig
-from harness.distributed import (
+from harness.training.config import CONFIG_FILE, OptimConfig, TrainConfig
+from harness.training.distributed import (
     ONE_PROCESS,
     Ranks,
     ShardedExecutor,
@@ -69,15 +73,16 @@ from harness.distributed import (
     init_from_env,
     sum_across_ranks,
 )
-from harness.engine import TreeRolloutEngine, leaves_to_train
-from harness.episodes import EpisodeCodec, evaluate_policy
-from harness.errors import HarnessError, ResumeError
-from harness.metrics_log import MetricsLog, advantage_metrics, read_metrics, rollout_metrics
-from harness.openrlhf_compat import openrlhf_losses
-from harness.optimizers import DeepSpeedOptimizer, make_optimizer
-from harness.run_guard import FailureStreak, check_retriever, failure_cause
-from harness.task_sources import Tasks, WorldStream, build_tasks
-from harness.tiny_policy.pipeline import ARTIFACTS_FILE
+from harness.training.metrics_log import (
+    MetricsLog,
+    advantage_metrics,
+    read_metrics,
+    rollout_metrics,
+)
+from harness.training.openrlhf_compat import openrlhf_losses
+from harness.training.optimizers import DeepSpeedOptimizer, make_optimizer
+from harness.training.run_guard import FailureStreak, check_retriever, failure_cause
+from harness.training.task_sources import Tasks, WorldStream, build_tasks
 from trace_alloc import (
     Allocator,
     BudgetLimit,
@@ -184,7 +189,7 @@ class Run:
     predictor: Predictor
     optimizer: Any
     losses: Any
-    """OpenRLHF's loss helpers (`harness.openrlhf_compat.OpenRLHFLosses`)."""
+    """OpenRLHF's loss helpers (`harness.training.openrlhf_compat.OpenRLHFLosses`)."""
     policy_loss: Any
     checkpoint: LoadedCheckpoint | None
     """The checkpoint to continue from (its weights are already in `model`)."""
@@ -717,8 +722,8 @@ def update_policy(
 
     The update phase of `train`, public so that `benchmarks.perf.data_parallel` can drive it on
     fixed leaves. `leaves` is the step's global list, the same on every rank; each rank trains
-    on its dealt share (`harness.distributed.deal`), normalised by the global token count, and
-    the metrics are summed over the ranks, so N ranks report and step as one process would.
+    on its dealt share (`harness.training.distributed.deal`), normalised by the global token count,
+    and the metrics are summed over the ranks, so N ranks report and step as one process would.
     """
     nan = float("nan")
     if not leaves:  # no contrast this step: nothing to learn from, no optimizer step

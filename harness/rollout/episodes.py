@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from envs import RetrievalFailedError, SearchQAEnv
 from envs import fork as fork_env
 from envs.protocol import parse_action
-from harness.backends.base import Completion, PolicyBackend, SamplingParams
+from harness.policies.base import Completion, PolicyBackend, SamplingParams
 from retrieval.cache import CachedRetriever
 from retrieval.deadline import deadline, deadline_at
 from retrieval.errors import RetrieverUnavailable
@@ -158,7 +158,7 @@ class Episode:
 class PlayedTurn:
     """One turn as `advance` played it: what the policy generated and what the env answered.
 
-    The tree-rollout engine (`harness.engine`) turns these into `trace_alloc.Turn` nodes.
+    The tree-rollout engine (`harness.rollout.engine`) turns these into `trace_alloc.Turn` nodes.
     """
 
     completion: Completion

@@ -45,17 +45,17 @@ import numpy as np
 
 from envs import QATask, SearchQAEnv, TaskSet, World, WorldConfig
 from envs.qa_datasets import load_file
-from harness.config import EvalSetName
-from harness.episodes import question_kind
 from harness.errors import HarnessError
+from harness.rollout.episodes import question_kind
 from harness.tiny_policy.pipeline import is_hard
+from harness.training.config import EvalSetName
 from retrieval import Retriever, make_retriever
 from retrieval.bm25 import BM25Retriever
 from retrieval.cache import CachedRetriever
 
 if TYPE_CHECKING:
-    from harness.config import TaskConfig
     from harness.tiny_policy.config import EnvSettings
+    from harness.training.config import TaskConfig
 
 __all__ = [
     "EVAL_SETS",

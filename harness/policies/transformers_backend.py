@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Literal, cast
 
 import torch
 
-from harness.backends.base import Completion, SamplingParams
+from harness.policies.base import Completion, SamplingParams
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

@@ -1,7 +1,7 @@
 """The configuration of a training run, shared by both trainers.
 
-`TrainConfig` is what `tracerl train` parses (tyro) and what `harness.trainer.train` runs; its
-parts (`TaskConfig`, `AllocConfig`, `BudgetConfig`, `RolloutConfig`, `PredictorConfig`,
+`TrainConfig` is what `tracerl train` parses (tyro) and what `harness.training.trainer.train` runs;
+its parts (`TaskConfig`, `AllocConfig`, `BudgetConfig`, `RolloutConfig`, `PredictorConfig`,
 `LossConfig`, `OptimConfig`, `EvalConfig`) are frozen dataclasses. The OpenRLHF launcher
 (`harness.openrlhf.config.TreeTrainConfig`) takes the same `AllocConfig` and `PredictorConfig`.
 
@@ -63,15 +63,15 @@ __all__ = [
 CONFIG_FILE = "config.json"
 
 EvalSetName = Literal["split", "fact_disjoint", "unseen", "decoy"]
-"""The held-out sets a run can be evaluated on (`harness.task_sources`)."""
+"""The held-out sets a run can be evaluated on (`harness.training.task_sources`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class TaskConfig:
     """The questions, the corpus and the env (the synthetic world by default).
 
-    `harness.task_sources` builds them: the training source (`source`) and the held-out sets
-    (`EvalConfig.sets`).
+    `harness.training.task_sources` builds them: the training source (`source`) and the held-out
+    sets (`EvalConfig.sets`).
     """
 
     source: Literal["world", "stream", "file"] = "world"
@@ -344,7 +344,7 @@ class EvalConfig:
     every: int = 0
     """Evaluate before step 1 and every this many steps (0: never)."""
     sets: tuple[EvalSetName, ...] = ("split",)
-    """Held-out sets (`harness.task_sources.EVAL_SETS`): `split` (the world's `eval_split`,
+    """Held-out sets (`harness.training.task_sources.EVAL_SETS`): `split` (the world's `eval_split`,
     or `eval_file`), `fact_disjoint`, `unseen`, `decoy`. The first is logged as `eval/em`,
     each as `eval/NAME/em`."""
     n_questions: int = 64
@@ -356,7 +356,7 @@ class EvalConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class AbortConfig:
-    """When a run stops itself instead of training on nothing (`harness.run_guard`)."""
+    """When a run stops itself instead of training on nothing (`harness.training.run_guard`)."""
 
     failed_share: float = 0.5
     """A step is failed when more than this share of its episodes a fault ended (the retriever

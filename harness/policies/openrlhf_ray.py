@@ -30,9 +30,9 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from harness.backends.base import BackendUnavailable, Completion, SamplingParams
-from harness.backends.vllm_backend import _finish_reason  # one mapping for both vLLM backends
 from harness.errors import EngineTimeoutError, HarnessError
+from harness.policies.base import BackendUnavailable, Completion, SamplingParams
+from harness.policies.vllm_backend import _finish_reason  # one mapping for both vLLM backends
 
 __all__ = ["RayEnginesBackend"]
 

@@ -35,13 +35,13 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 
-from harness.backends.base import Completion, SamplingParams
 from harness.errors import (
     ContextLengthExceeded,
     EndpointError,
     EndpointRejected,
     MalformedReply,
 )
+from harness.policies.base import Completion, SamplingParams
 
 __all__ = [
     "EndpointConfig",

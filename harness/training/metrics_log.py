@@ -87,7 +87,7 @@ def rollout_metrics(result: StepResult) -> dict[str, Any]:
         "rollout/valid_action_rate": n_valid / n_actions if n_actions else float("nan"),
         "rollout/waves": len(result.waves),
         "rollout/failed_episodes": n_failed,
-        # what the abort rule reads (harness.run_guard); 0 for a step with no episode
+        # what the abort rule reads (harness.training.run_guard); 0 for a step with no episode
         "rollout/failed_share": n_failed / len(rewards) if rewards else 0.0,
     }
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import torch
 import torch.distributed as dist
 
-from harness.backends.base import BackendUnavailable
+from harness.policies.base import BackendUnavailable
 
 if TYPE_CHECKING:
     from torch import nn

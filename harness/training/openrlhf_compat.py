@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harness.backends.base import BackendUnavailable
+from harness.policies.base import BackendUnavailable
 
 if TYPE_CHECKING:
     import torch
