@@ -53,7 +53,7 @@ from envs import (
     snapshot_from_dict,
 )
 from harness.policies import Completion, SamplingParams
-from harness.rollout.episodes import EpisodeCodec, apply_turn, start_episodes
+from harness.rollout import EpisodeCodec, apply_turn, start_episodes
 from retrieval import BM25Retriever, Document, HTTPRetriever
 from retrieval.cache import CachedRetriever
 

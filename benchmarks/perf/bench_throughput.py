@@ -40,8 +40,7 @@ from fastapi.responses import JSONResponse
 
 from benchmarks.meta import run_meta
 from envs.errors import RetrievalFailedError
-from harness.evaluation import BenchConfig, BenchResult, EpisodeRecord, run_bench
-from harness.evaluation.bench import corpus
+from harness.evaluation import BenchConfig, BenchResult, EpisodeRecord, corpus, run_bench
 
 log = logging.getLogger(__name__)
 

@@ -38,11 +38,17 @@ import torch
 import tyro
 
 from benchmarks.meta import run_meta
-from harness.training.config import LossConfig, OptimConfig, TrainConfig
-from harness.training.distributed import Ranks, all_gather, init_from_env
-from harness.training.openrlhf_compat import openrlhf_losses
-from harness.training.optimizers import make_optimizer
-from harness.training.trainer import update_policy
+from harness.training import (
+    LossConfig,
+    OptimConfig,
+    Ranks,
+    TrainConfig,
+    all_gather,
+    init_from_env,
+    make_optimizer,
+    openrlhf_losses,
+    update_policy,
+)
 from trace_alloc import TokenAdvantages
 
 BACKENDS: dict[str, tuple[str, int]] = {

@@ -42,10 +42,9 @@ import tyro
 from benchmarks.meta import run_meta
 from benchmarks.perf.retrieval_server import start_server
 from envs import SearchQAEnv, World
-from harness.policies.base import Completion, SamplingParams
-from harness.rollout.engine import TreeRolloutEngine
-from harness.rollout.episodes import EpisodeCodec
-from harness.tiny_policy.config import default_world_config
+from harness.policies import Completion, SamplingParams
+from harness.rollout import EpisodeCodec, TreeRolloutEngine
+from harness.tiny_policy import default_world_config
 from retrieval import BM25Retriever, HTTPRetriever
 from retrieval.base import Hit, Retriever
 from retrieval.cache import CachedRetriever

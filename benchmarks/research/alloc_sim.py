@@ -63,7 +63,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from benchmarks.meta import run_meta
-from harness.training.metrics_log import tree_health
+from harness.training import tree_health
 from trace_alloc import (
     BudgetLimit,
     HashedNgramFeaturizer,

@@ -57,7 +57,7 @@ import numpy as np
 import tyro
 
 from benchmarks.research.lr_axis import best_multiplier, check_disjoint, curve_table
-from harness.training.config import AllocatorSettings
+from harness.training import AllocatorSettings
 
 __all__ = ["ExperimentConfig", "RunSpec", "choose_rates", "cli", "main", "run_specs"]
 
@@ -355,7 +355,7 @@ def _continued_policy(root: Path, seed: int) -> Path:
 
 def _keep(config: ExperimentConfig, task: Any) -> bool:
     """Whether `task` is in the experiment's question set (`--questions`)."""
-    from harness.tiny_policy.pipeline import is_hard
+    from harness.tiny_policy import is_hard
 
     return config.questions == "all" or is_hard(task)
 
@@ -558,7 +558,7 @@ def _eval_key(config: ExperimentConfig) -> dict[str, Any]:
 def _train_config(
     spec: RunSpec, context: _Context, artifacts: Any, steps: int, resume: bool
 ) -> Any:
-    from harness.training.config import (
+    from harness.training import (
         AllocConfig,
         BudgetConfig,
         OptimConfig,
@@ -601,10 +601,8 @@ def _train_config(
 
 def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     """Train one run segment by segment, evaluating after each; resumes whatever is done."""
-    from harness.tiny_policy.pipeline import load_artifacts
-    from harness.training.checkpoint import latest_checkpoint, policy_distance
-    from harness.training.metrics_log import read_metrics
-    from harness.training.trainer import train
+    from harness.tiny_policy import load_artifacts
+    from harness.training import latest_checkpoint, policy_distance, read_metrics, train
 
     config = context.config
     run_dir = config.out_dir / spec.run_id

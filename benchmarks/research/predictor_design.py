@@ -174,7 +174,7 @@ def main(args: Args) -> dict[str, Any]:
         ),
     }
     if args.minilm:
-        from harness.rollout.featurizers import MiniLMFeaturizer
+        from harness.rollout import MiniLMFeaturizer
 
         minilm = CachedFeaturizer(MiniLMFeaturizer())
         designs["MiniLM head+tail + MLP64"] = lambda: MLPPredictor(minilm, seed=args.seed)

@@ -330,7 +330,7 @@ def _start_evals(
 
 def _check_worlds(config: StreamExperimentConfig, artifacts: Any) -> None:
     """Refuse test or validation worlds that the warm start or the stream has seen."""
-    from harness.training.config import TaskConfig
+    from harness.training import TaskConfig
 
     policy = artifacts.config
     demos = range(
@@ -352,7 +352,7 @@ def _check_worlds(config: StreamExperimentConfig, artifacts: Any) -> None:
 
 def _train_config(run: StreamRun, context: _Context, artifacts: Any, steps: int) -> Any:
     from harness.evaluation import demo_train_config
-    from harness.training.config import AllocConfig, BudgetConfig, OptimConfig
+    from harness.training import AllocConfig, BudgetConfig, OptimConfig
 
     config = context.config
     demo = demo_train_config(_demo_config(config, 1, 1), artifacts)
@@ -376,8 +376,7 @@ def _train_config(run: StreamRun, context: _Context, artifacts: Any, steps: int)
 
 def _train_to(run: StreamRun, context: _Context, artifacts: Any, steps: int) -> Path:
     """Train `run` up to `steps` (resuming what is done); returns its directory."""
-    from harness.training.checkpoint import latest_checkpoint
-    from harness.training.trainer import train
+    from harness.training import latest_checkpoint, train
 
     run_dir = context.config.run_dir / run.run_id
     checkpoint = latest_checkpoint(run_dir)
@@ -392,8 +391,8 @@ def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
     """Train and evaluate one run (in a worker process); returns its record."""
     import torch
 
-    from harness.tiny_policy.pipeline import load_artifacts
-    from harness.training.metrics_log import read_metrics
+    from harness.tiny_policy import load_artifacts
+    from harness.training import read_metrics
 
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -753,7 +752,7 @@ def main(config: StreamExperimentConfig) -> dict[str, Any]:
     print(f"learning-rate multipliers chosen on validation: {chosen}", flush=True)
     records = [] if config.phase == "lr" else _run_all(runs_of(config, chosen), context)
     if records:  # the start's test evaluations, once the workers are done
-        from harness.tiny_policy.pipeline import load_artifacts
+        from harness.tiny_policy import load_artifacts
 
         artifacts = load_artifacts(context.policy_run_dir)
         start |= _start_evals(config, artifacts, ("test", "test_final"))

@@ -15,7 +15,8 @@ The face for Python callers; `tracerl bench` is `run_bench` behind a command lin
   `Report` (EM / sub-EM / F1, per dataset, question type and hop count);
   `evaluate_policy_dir` evaluates a local transformers policy on given questions;
 - **a whole run**: `run_bench(BenchConfig(...))` loads, indexes, evaluates and writes the report
-  files, resumably;
+  files, resumably (`read_finished` reads a run's finished episodes back); `corpus` is
+  `tracerl corpus`;
 - **the main job** (`tracerl demo`): `run_demo(DemoConfig(...))`, and the pieces research runs
   reuse: `demo_test_sets`, `demo_train_config`, `evaluate_test_sets`, `train_or_reuse`;
 - **statistics**: `bootstrap_mean`, `paired_difference`, `per_question_mean` (95 % intervals over
@@ -24,7 +25,6 @@ The face for Python callers; `tracerl bench` is `run_bench` behind a command lin
 
 from harness.evaluation.agents import (
     Agent,
-    AgentAction,
     DecompositionOracle,
     HTTPAgent,
     PolicyAgent,
@@ -35,32 +35,29 @@ from harness.evaluation.bench import (
     BenchConfig,
     BenchResult,
     DataArgs,
-    LoadedData,
+    corpus,
     load_data,
     make_agent,
     run_bench,
 )
 from harness.evaluation.demo import (
-    TEST_SETS,
     DemoConfig,
     demo_test_sets,
     demo_train_config,
     evaluate_test_sets,
     kind_em,
     run_demo,
-    summary_sentence,
     train_or_reuse,
 )
 from harness.evaluation.evaluation import (
     EpisodeRecord,
-    Metrics,
     Report,
     evaluate,
     evaluate_policy_dir,
 )
 from harness.evaluation.report import write_reports
+from harness.evaluation.runs import read_finished
 from harness.evaluation.stats import (
-    Estimate,
     bootstrap_mean,
     paired_difference,
     per_question_mean,
@@ -68,9 +65,7 @@ from harness.evaluation.stats import (
 )
 
 __all__ = [
-    "TEST_SETS",
     "Agent",
-    "AgentAction",
     "AgentArgs",
     "BenchConfig",
     "BenchResult",
@@ -78,14 +73,12 @@ __all__ = [
     "DecompositionOracle",
     "DemoConfig",
     "EpisodeRecord",
-    "Estimate",
     "HTTPAgent",
-    "LoadedData",
-    "Metrics",
     "PolicyAgent",
     "Report",
     "ScriptedAgent",
     "bootstrap_mean",
+    "corpus",
     "demo_test_sets",
     "demo_train_config",
     "evaluate",
@@ -96,9 +89,9 @@ __all__ = [
     "make_agent",
     "paired_difference",
     "per_question_mean",
+    "read_finished",
     "run_bench",
     "run_demo",
-    "summary_sentence",
     "t_interval",
     "train_or_reuse",
     "write_reports",
