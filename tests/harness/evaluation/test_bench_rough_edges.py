@@ -17,7 +17,7 @@ from envs.qa_datasets.errors import DatasetFormatError, DatasetUnavailable
 from envs.qa_datasets.loaders import load_file, load_named
 from harness.evaluation.bench import bench, corpus
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _closed_port() -> int:
