@@ -620,7 +620,7 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Entry point of `tracerl train --backend openrlhf` (`benchmarks.cli.train` dispatches here).
+    """Entry point of `tracerl train --backend openrlhf` (the `tracerl` table routes here).
 
     Args:
         argv: trace-rl's flags, `--`, OpenRLHF's flags (without `--backend openrlhf`).

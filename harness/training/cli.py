@@ -1,7 +1,7 @@
 """The training room's commands: `tracerl init-model`, `train`, `plot` and `doctor`.
 
-Each takes the argv after its name and returns an exit code; `benchmarks.cli` (the `tracerl`
-command table) resolves them by name, and routes `train --backend openrlhf` to
+Each takes the argv after its name and returns an exit code; the `tracerl` command table (the
+front door, a floor up) resolves them by name, and routes `train --backend openrlhf` to
 `harness.openrlhf.launcher` instead of `train` here.
 """
 
