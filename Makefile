@@ -69,7 +69,7 @@ $(GPU_STAMP): pyproject.toml Makefile
 	$(PIP) install -q -U pip setuptools wheel packaging ninja psutil
 	$(PIP) install "$$($(PY) scripts/gpu_pin.py vllm)"
 # the machine before the long builds: driver, CUDA 13 nvcc, ninja, gcc, Python headers
-	PYTHONPATH=$(CURDIR) $(PY) -m harness.doctor
+	PYTHONPATH=$(CURDIR) $(PY) -m harness.training.doctor
 ifeq ($(FLASH_ATTN),0)
 	$(PIP) install --no-deps "$$($(PY) scripts/gpu_pin.py openrlhf)"
 	$(PIP) install -e ".[gpu-sdpa,dev]"

@@ -96,7 +96,7 @@ def test_install_gpu_checks_the_machine_before_the_builds_and_builds_fused_adam_
     steps = make(tmp_path, "install-gpu").stdout.splitlines()
     where = {
         key: next(i for i, line in enumerate(steps) if key in line)
-        for key in ("gpu_pin.py vllm", "-m harness.doctor", "gpu_pin.py flash-attn",
+        for key in ("gpu_pin.py vllm", "-m harness.training.doctor", "gpu_pin.py flash-attn",
                     '".[gpu,dev]"', "FusedAdamBuilder().load()")
     }  # fmt: skip
     assert list(where.values()) == sorted(where.values()), steps

@@ -164,7 +164,7 @@ def _check(tmp_path: Path, text: str, context: dict, name: str = "docs/x.md") ->
 
 
 def test_the_checker_sees_a_missing_file(tmp_path: Path, context: dict) -> None:
-    assert _check(tmp_path, "see docs/training.md and harness/trainer.py", context) == []
+    assert _check(tmp_path, "see docs/training.md and harness/training/trainer.py", context) == []
     problems = _check(tmp_path, "see docs/nothing_here.md and harness/gone.py", context)
     assert any("nothing_here.md" in p for p in problems)
     assert any("harness/gone.py" in p for p in problems)

@@ -47,7 +47,7 @@ class RolloutRequest:
     p_flip: float | None = None
     """Stage 2: the allocator's chance that one continuation from this node ends with another
     outcome than the one every earlier leaf under it agreed on (logged against the realised
-    flips to calibrate it: `harness.metrics_log.flip_calibration`); None for roots."""
+    flips to calibrate it: `harness.training.metrics_log.flip_calibration`); None for roots."""
 
     def __post_init__(self) -> None:
         if self.n < 1:

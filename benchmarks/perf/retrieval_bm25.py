@@ -80,8 +80,7 @@ def bench_corpus(
         data_dir: the shared dataset samples; skipped if absent.
         seed: the first synthetic world's seed.
     """
-    from benchmarks.qa.corpus import build_corpus
-    from benchmarks.qa.qa_datasets import load_file
+    from envs.qa_datasets import build_corpus, load_file
     from envs.synthetic import World
 
     documents: list[Document] = []

@@ -612,8 +612,7 @@ def encoder_agreement(
 
 def real_set(args: Args, cache: Path) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
     """MiniLM vectors of the shared paragraphs and questions (cached), or None without data."""
-    from benchmarks.qa.corpus import build_corpus
-    from benchmarks.qa.qa_datasets import load_file
+    from envs.qa_datasets import build_corpus, load_file
     from retrieval.corpus import index_text
     from retrieval.encoder import SentenceEncoder
 

@@ -8,7 +8,7 @@ stream:
 - **methods**: `trace`, `uniform` (GRPO), `dynamic_sampling` (DAPO), `prompt_predictor`,
   `random_tree` (Tree-GRPO), `entropy_tree` (branch at the turn of highest policy entropy);
   a method is an allocator name, and everything else (engine, advantages, loss, optimizer) is
-  shared (`harness.trainer.train`);
+  shared (`harness.training.trainer.train`);
 - **series**: the budget counted in leaves per step, and in generated tokens per step (the
   token budget is the leaf budget times the start policy's measured tokens per episode);
 - **ablations** (leaf series): TRACE's Stage 1 x Stage 2 (uniform or active), the budget
@@ -57,7 +57,7 @@ import numpy as np
 import tyro
 
 from benchmarks.research.lr_axis import best_multiplier, check_disjoint, curve_table
-from harness.config import AllocatorSettings
+from harness.training import AllocatorSettings
 
 __all__ = ["ExperimentConfig", "RunSpec", "choose_rates", "cli", "main", "run_specs"]
 
@@ -355,7 +355,7 @@ def _continued_policy(root: Path, seed: int) -> Path:
 
 def _keep(config: ExperimentConfig, task: Any) -> bool:
     """Whether `task` is in the experiment's question set (`--questions`)."""
-    from harness.tiny_policy.pipeline import is_hard
+    from harness.tiny_policy import is_hard
 
     return config.questions == "all" or is_hard(task)
 
@@ -456,7 +456,7 @@ def _evaluate(
     test_sets: dict[str, Any],
 ) -> dict[str, Any]:
     """EM, F1 and tokens per episode of one policy on every test set (same seed for all)."""
-    from benchmarks.qa import evaluate_policy_dir
+    from harness.evaluation import evaluate_policy_dir
 
     max_new_tokens = artifacts.config.eval.max_action_tokens
     out: dict[str, Any] = {}
@@ -558,7 +558,7 @@ def _eval_key(config: ExperimentConfig) -> dict[str, Any]:
 def _train_config(
     spec: RunSpec, context: _Context, artifacts: Any, steps: int, resume: bool
 ) -> Any:
-    from harness.config import (
+    from harness.training import (
         AllocConfig,
         BudgetConfig,
         OptimConfig,
@@ -601,10 +601,8 @@ def _train_config(
 
 def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     """Train one run segment by segment, evaluating after each; resumes whatever is done."""
-    from harness.checkpoint import latest_checkpoint, policy_distance
-    from harness.metrics_log import read_metrics
-    from harness.tiny_policy.pipeline import load_artifacts
-    from harness.trainer import train
+    from harness.tiny_policy import load_artifacts
+    from harness.training import latest_checkpoint, policy_distance, read_metrics, train
 
     config = context.config
     run_dir = config.out_dir / spec.run_id

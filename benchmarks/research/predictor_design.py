@@ -12,7 +12,7 @@ weighted by leaves). Scores average the second half of the steps.
 
 Designs: the default (hashed head+tail n-grams, MLP 64, MSE), logistic regression, soft
 cross-entropy, a head-only encoding, no familiarity floor, and frozen MiniLM embeddings (head and
-tail, `harness.featurizers.MiniLMFeaturizer`) with the MLP and with logistic regression.
+tail, `harness.rollout.featurizers.MiniLMFeaturizer`) with the MLP and with logistic regression.
 
 Run: `python -m benchmarks.research.predictor_design --json` (`--quick` for a smoke test).
 """
@@ -174,7 +174,7 @@ def main(args: Args) -> dict[str, Any]:
         ),
     }
     if args.minilm:
-        from harness.featurizers import MiniLMFeaturizer
+        from harness.rollout import MiniLMFeaturizer
 
         minilm = CachedFeaturizer(MiniLMFeaturizer())
         designs["MiniLM head+tail + MLP64"] = lambda: MLPPredictor(minilm, seed=args.seed)

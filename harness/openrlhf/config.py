@@ -8,7 +8,7 @@ OpenRLHF's own parser and read from there, never declared twice. The leaf budget
 OpenRLHF's `--rollout.batch_size x --rollout.n_samples_per_prompt`: the trajectories GRPO would
 sample from the same flags, so the comparison is at equal cost by construction.
 
-The allocator and the predictor take the CPU trainer's config types (`harness.config`): the
+The allocator and the predictor take the CPU trainer's config types (`harness.training.config`): the
 allocator is named and set with trace_alloc's own dataclasses, so every field of every allocator
 is a flag (`--alloc.name trace --alloc.trace.max-per-prompt 8`, `--alloc.name uniform
 --alloc.uniform.group-size 8`). It imports neither OpenRLHF nor torch.
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Literal
 
 from envs.search_qa import SearchQAConfig
-from harness.config import AbortConfig, AllocConfig, PredictorConfig
+from harness.training.config import AbortConfig, AllocConfig, PredictorConfig
 
 __all__ = ["TreeTrainConfig"]
 
@@ -64,7 +64,7 @@ class TreeTrainConfig:
     per-request sampling path); off, the engines' own generators sample (`--train.seed`)."""
     abort: AbortConfig = field(default_factory=AbortConfig)
     """When the run stops itself: K tree steps in a row with most episodes failed (a dead
-    retriever), with the cause in one line (`harness.run_guard`)."""
+    retriever), with the cause in one line (`harness.training.run_guard`)."""
     engine_timeout_s: float = 600.0
     """A turn's generate requests must all finish within this, or the step fails with a clear
     error (a hung vLLM engine would otherwise block the controller forever)."""

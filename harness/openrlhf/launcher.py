@@ -35,7 +35,9 @@ from typing import Any
 
 import tyro
 
-from harness.doctor import (
+from harness.errors import HarnessError
+from harness.openrlhf.config import TreeTrainConfig
+from harness.training.doctor import (
     Check,
     Probes,
     Target,
@@ -45,8 +47,6 @@ from harness.doctor import (
     is_loopback_url,
     node_report,
 )
-from harness.errors import HarnessError
-from harness.openrlhf.config import TreeTrainConfig
 
 __all__ = [
     "FLASH_ATTN_FREE_DEFAULTS",
@@ -125,7 +125,7 @@ def _check_version() -> None:
 
 
 def _with_defaults(argv: Sequence[str]) -> list[str]:
-    from harness.openrlhf_compat import flash_attn_installed
+    from harness.training.openrlhf_compat import flash_attn_installed
 
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
     defaults = dict(OPENRLHF_DEFAULTS)
@@ -152,7 +152,7 @@ def parse_openrlhf_args(argv: Sequence[str]) -> Any:
         SystemExit: argparse's answer to a bad flag or `--help` (usage printed by argparse).
     """
     _check_version()
-    from harness.openrlhf_compat import ensure_flash_attn
+    from harness.training.openrlhf_compat import ensure_flash_attn
 
     ensure_flash_attn()
     import openrlhf.cli.train_ppo_ray as script
@@ -251,7 +251,7 @@ def check_openrlhf_args(args: Any) -> None:
             f"{ref_layout[1]}, actor {actor_layout[0]} x {actor_layout[1]} (they share one "
             "placement group)"
         )
-    from harness.openrlhf_compat import flash_attn_installed
+    from harness.training.openrlhf_compat import flash_attn_installed
 
     if not flash_attn_installed():
         if args.ds.attn_implementation.startswith("flash_attention"):
@@ -319,7 +319,11 @@ def _with_policy_env(
         HarnessError: `--env-from-policy` was given and the policy records no protocol, or the
             file is unreadable.
     """
-    from harness.policy_protocol import ENV_FIELDS, PolicyProtocolError, read_policy_protocol
+    from harness.policies.policy_protocol import (
+        ENV_FIELDS,
+        PolicyProtocolError,
+        read_policy_protocol,
+    )
 
     try:
         protocol = read_policy_protocol(policy_dir) if Path(policy_dir).is_dir() else None
@@ -460,7 +464,7 @@ def check_layout(config: TreeTrainConfig, args: Any, probes: Probes | None = Non
     Args:
         config: trace-rl's flags.
         args: OpenRLHF's parsed flags.
-        probes: `harness.doctor.Probes` (tests inject them); default this machine's.
+        probes: `harness.training.doctor.Probes` (tests inject them); default this machine's.
     """
     probes = probes or Probes.local()
     nodes = int(args.actor.num_nodes)
@@ -546,7 +550,7 @@ def refuse_failures(checks: Sequence[Check], what: str) -> None:
 def preflight_nodes(target: Target) -> None:
     """`tracerl doctor` on every alive Ray node, one task pinned to each, before anything starts.
 
-    Every node answers `harness.doctor.node_report`; `compare_nodes` turns the answers into
+    Every node answers `harness.training.doctor.node_report`; `compare_nodes` turns the answers into
     checks (the same Ray version as the driver's, each node's own failures).
 
     Raises:
@@ -588,14 +592,15 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
     Every Ray worker (model actors, vLLM engines, the trainer) gets OpenRLHF's environment
     defaults that `environ` does not set (one it sets comes from the job's runtime env or from
     the shell of `ray start`). Without flash-attn installed, every worker also
-    runs `harness.openrlhf_compat.ensure_flash_attn` before anything else (Ray's worker set-up
-    hook): OpenRLHF's model actors import `openrlhf.models`, which imports flash-attn's helpers
-    at module level, and they never import trace-rl's modules that would install the stand-in.
+    runs `harness.training.openrlhf_compat.ensure_flash_attn` before anything else (Ray's worker
+    set-up hook): OpenRLHF's model actors import `openrlhf.models`, which imports flash-attn's
+    helpers at module level, and they never import trace-rl's modules that would install the
+    stand-in.
 
     Args:
         environ: The driver's environment (`os.environ`).
     """
-    from harness.openrlhf_compat import flash_attn_installed
+    from harness.training.openrlhf_compat import flash_attn_installed
 
     defaults = {
         "TOKENIZERS_PARALLELISM": "true",
@@ -608,12 +613,14 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "env_vars": {k: v for k, v in defaults.items() if k not in environ}
     }
     if not flash_attn_installed():
-        runtime_env["worker_process_setup_hook"] = "harness.openrlhf_compat.ensure_flash_attn"
+        runtime_env["worker_process_setup_hook"] = (
+            "harness.training.openrlhf_compat.ensure_flash_attn"
+        )
     return runtime_env
 
 
 def main(argv: Sequence[str]) -> int:
-    """Entry point of `tracerl train --backend openrlhf` (`harness.cli.train` dispatches here).
+    """Entry point of `tracerl train --backend openrlhf` (the `tracerl` table routes here).
 
     Args:
         argv: trace-rl's flags, `--`, OpenRLHF's flags (without `--backend openrlhf`).

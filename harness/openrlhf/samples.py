@@ -4,9 +4,9 @@ OpenRLHF 0.11.2's `SamplesGenerator.generate_samples` sends each prompt to one v
 `--rollout.n_samples_per_prompt` independent agent runs. A TRACE step is different: the allocator
 decides, wave by wave, how many rollouts each prompt of the pool gets and at which turn prefixes
 the trees fork (docs/design.md §1), so the number of leaves per prompt varies. So this subclass
-replaces generation with one call to `harness.engine.TreeRolloutEngine.run_step`, whose policy is
-`RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and keeps in sync; after the
-step it:
+replaces generation with one call to `harness.rollout.engine.TreeRolloutEngine.run_step`, whose
+policy is `RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and keeps in sync;
+after the step it:
 
 1. trains the predictor Ṽψ on the step's tree targets (after measuring its calibration on them);
 2. computes per-turn tree advantages (`trace_alloc.tree_advantages`) on the trees the allocator
@@ -14,7 +14,7 @@ step it:
 3. turns every leaf into an `Experience` with those advantages already in place
    (`harness.openrlhf.experience`), for `TreeExperienceMaker` to keep;
 4. drops the leaves whose advantages are all zero, leaves out of the advantages those that a
-   fault ended (`harness.engine.leaves_to_train`), and pads the count to a multiple of the
+   fault ended (`harness.rollout.engine.leaves_to_train`), and pads the count to a multiple of the
    training batch with short zero-weight fillers (action mask 0), because OpenRLHF splits a
    step's samples evenly over its data-parallel ranks. Neither counts in OpenRLHF's loss
    normalisers, so the objective is the CPU trainer's (docs/decisions.md, "One objective").
@@ -26,7 +26,7 @@ the task, so OpenRLHF's prompt string is only kept to group evaluation results.
 
 from __future__ import annotations
 
-from harness.openrlhf_compat import ensure_flash_attn
+from harness.training.openrlhf_compat import ensure_flash_attn
 
 ensure_flash_attn()  # openrlhf's trainer modules import openrlhf.models; see openrlhf_compat.py
 
@@ -46,13 +46,7 @@ from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 
 from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
-from harness.backends.base import PolicyBackend, SamplingParams  # noqa: E402
-from harness.backends.openrlhf_ray import RayEnginesBackend  # noqa: E402
-from harness.checkpoint import write_dir_atomic  # noqa: E402
-from harness.engine import TreeRolloutEngine, leaves_to_train  # noqa: E402
-from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
 from harness.errors import EngineTimeoutError, HarnessError  # noqa: E402
-from harness.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
     actor_ranks,
@@ -63,7 +57,13 @@ from harness.openrlhf.experience import (  # noqa: E402
     spread_over_ranks,
     token_advantages_of_episode,
 )
-from harness.run_guard import check_retriever  # noqa: E402
+from harness.policies.base import PolicyBackend, SamplingParams  # noqa: E402
+from harness.policies.openrlhf_ray import RayEnginesBackend  # noqa: E402
+from harness.rollout.engine import TreeRolloutEngine, leaves_to_train  # noqa: E402
+from harness.rollout.episodes import EpisodeCodec, run_episodes  # noqa: E402
+from harness.training.checkpoint import write_dir_atomic  # noqa: E402
+from harness.training.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
+from harness.training.run_guard import check_retriever  # noqa: E402
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import (  # noqa: E402
     BudgetLimit,

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
     from envs import SearchQAEnv
     from envs.tasks import QATask
-    from harness.policy_protocol import PolicyProtocol
+    from harness.policies.policy_protocol import PolicyProtocol
     from retrieval.base import Retriever
 
 __all__ = [
@@ -70,7 +70,7 @@ class EnvSettings:
 
     def protocol(self, world_seed: int | None, world: WorldConfig | None) -> PolicyProtocol:
         """The `policy_protocol.json` of a policy trained in this env (and world, if synthetic)."""
-        from harness.policy_protocol import PolicyProtocol
+        from harness.policies.policy_protocol import PolicyProtocol
 
         return PolicyProtocol(**asdict(self), world_seed=world_seed, world=world)
 

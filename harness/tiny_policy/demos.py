@@ -17,7 +17,7 @@ from typing import Literal
 
 from envs import OracleAgent, SearchQAEnv, World
 from envs.tasks import QATask
-from harness.episodes import EpisodeCodec, question_kind
+from harness.rollout.episodes import EpisodeCodec, question_kind
 from harness.tiny_policy.config import EnvSettings
 from retrieval.bm25 import BM25Retriever
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs import SearchQAEnv, World
 from envs.tasks import QATask
-from harness.episodes import EpisodeCodec, PolicyEval, evaluate_policy
+from harness.rollout.episodes import EpisodeCodec, PolicyEval, evaluate_policy
 from harness.tiny_policy.config import TinyPolicyConfig
 from retrieval.bm25 import BM25Retriever
 
@@ -256,7 +256,7 @@ def init_model(
 
     import torch
 
-    from harness.backends.transformers_backend import TransformersBackend
+    from harness.policies.transformers_backend import TransformersBackend
     from harness.tiny_policy.demos import collect_demos, encode_demo
     from harness.tiny_policy.model import build_model, count_parameters, save_policy
     from harness.tiny_policy.sft import select_checkpoint, train_sft

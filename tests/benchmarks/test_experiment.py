@@ -12,7 +12,7 @@ import tyro
 from benchmarks.research import experiment
 from benchmarks.research.experiment import ExperimentConfig, RunSpec, main, run_specs
 from benchmarks.research.lr_axis import best_multiplier
-from harness.metrics_log import read_metrics
+from harness.training.metrics_log import read_metrics
 
 pytest.importorskip("openrlhf")
 
@@ -41,7 +41,7 @@ def test_run_specs_cover_methods_series_seeds_and_ablations():
 
 
 def test_each_methods_allocator_settings_reach_its_runs_and_their_keys():
-    from harness.config import AllocatorSettings
+    from harness.training.config import AllocatorSettings
     from trace_alloc import Trace
 
     settings = AllocatorSettings(trace=Trace(min_per_prompt=2, prefer_unmixed=True))

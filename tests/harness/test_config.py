@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import tyro
 
-from harness.config import (
+from harness.errors import ResumeError
+from harness.openrlhf.config import TreeTrainConfig
+from harness.training.config import (
     AllocatorSettings,
     AllocConfig,
     EvalConfig,
@@ -20,8 +22,6 @@ from harness.config import (
     config_from_dict,
     load_config,
 )
-from harness.errors import ResumeError
-from harness.openrlhf.config import TreeTrainConfig
 from trace_alloc import ALLOCATORS, ConstantPredictor, MemoryPredictor, MLPPredictor, Trace
 
 

@@ -19,11 +19,11 @@ from envs import (
     World,
     WorldConfig,
 )
-from harness.config import TaskConfig, TrainConfig
-from harness.episodes import question_kind
 from harness.errors import HarnessError
-from harness.task_sources import WorldStream, build_tasks, eval_set, fact_disjoint_set
+from harness.rollout.episodes import question_kind
 from harness.tiny_policy import EnvSettings
+from harness.training.config import TaskConfig, TrainConfig
+from harness.training.task_sources import WorldStream, build_tasks, eval_set, fact_disjoint_set
 from retrieval.bm25 import BM25Retriever
 
 WORLD = WorldConfig(
@@ -158,7 +158,7 @@ def test_a_stream_that_would_train_on_a_held_out_world_is_refused():
 
 
 def test_a_stream_over_the_warm_start_worlds_is_refused():
-    from harness.trainer import _check_policy_task
+    from harness.training.trainer import _check_policy_task
 
     shipped = Path(__file__).resolve().parents[2] / "harness" / "tiny_policy" / "warm_start"
     task = TaskConfig(source="stream", stream_first_seed=1_030)  # demos: worlds 1000..1039
@@ -235,7 +235,7 @@ def test_a_snapshot_restored_over_another_index_is_a_typed_error():
 
 
 def test_trace_memory_remembers_recurring_questions_and_falls_back_to_its_prior_on_a_stream():
-    from harness.config import PredictorConfig
+    from harness.training.config import PredictorConfig
 
     predictor = PredictorConfig().build(seed=0)
     stream = WorldStream(100, WORLD)
@@ -252,7 +252,7 @@ def test_trace_memory_remembers_recurring_questions_and_falls_back_to_its_prior_
 
 
 def test_a_file_sources_config_reads_back_equal(tmp_path):
-    from harness.config import CONFIG_FILE, load_config
+    from harness.training.config import CONFIG_FILE, load_config
 
     task = TaskConfig(source="file", train_file=Path("q.jsonl"), index="http://127.0.0.1:1")
     config = TrainConfig(run_dir=tmp_path, task=task)

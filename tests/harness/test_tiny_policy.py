@@ -9,8 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs import World, WorldConfig
-from harness.backends import Completion, SamplingParams, TransformersBackend
-from harness.episodes import EpisodeCodec, evaluate_policy, run_episodes, start_episodes
+from harness.policies import Completion, SamplingParams, TransformersBackend
+from harness.rollout.episodes import EpisodeCodec, evaluate_policy, run_episodes, start_episodes
 from harness.tiny_policy import EnvSettings, ModelConfig, SFTConfig
 from harness.tiny_policy.demos import collect_demos, encode_demo
 from harness.tiny_policy.model import build_model, count_parameters, save_policy
@@ -257,7 +257,7 @@ def test_live_episodes_fork_independently(world, retriever, demos, codec, tokeni
     env = SETTINGS.make_env(list(world.tasks), retriever)
     [live] = start_episodes(env, [demos[0].task_id], codec)
     a, b = live.fork(2)
-    from harness.episodes import advance
+    from harness.rollout.episodes import advance
 
     advance(backend, [a], codec, SamplingParams())
     assert len(a.token_ids) > len(b.token_ids) == len(live.token_ids)

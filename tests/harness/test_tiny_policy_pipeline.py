@@ -10,10 +10,10 @@ import shutil
 import pytest
 from transformers import AutoModelForCausalLM
 
+from benchmarks.cli import main as tracerl
 from envs import WorldConfig
 from envs.tasks import QATask
-from harness.cli import main as tracerl
-from harness.policy_protocol import PROTOCOL_FILE, read_policy_protocol
+from harness.policies.policy_protocol import PROTOCOL_FILE, read_policy_protocol
 from harness.tiny_policy import (
     DemonstrationConfig,
     EnvSettings,

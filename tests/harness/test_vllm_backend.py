@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.backends import BackendUnavailable, SamplingParams, TransformersBackend, VLLMBackend
+from harness.policies import BackendUnavailable, SamplingParams, TransformersBackend, VLLMBackend
 
 TEXT = (
     "Question: where was the director of Sky of Ash born?"

@@ -274,7 +274,7 @@ def test_every_peer_client_gets_flat_s_answer_from_the_compressed_index(
 
 def test_the_cli_compresses_and_measures(tmp_path: Path, flat_file: Path, queries: np.ndarray):
     out = tmp_path / "cli"
-    run = [sys.executable, "-m", "harness.cli", "index"]
+    run = [sys.executable, "-m", "benchmarks.cli", "index"]
     done = subprocess.run(
         [*run, "compress", "--faiss-index", str(flat_file), "--out", str(out), "--preset", "sq8",
          "--nlist", "20", "--nprobe", "4"],

@@ -127,7 +127,7 @@ def test_a_fifo_or_a_device_as_corpus_is_refused_without_blocking(tmp_path: Path
 
 
 def test_a_tree_file_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path):
-    from benchmarks.qa.tree_view import load_trees
+    from harness.evaluation.tree_view import load_trees
     from trace_alloc import TreeFormatError
 
     fifo = tmp_path / "trees.jsonl"

@@ -44,7 +44,7 @@ def test_predictor_design_quick_prints_every_design_as_json():
 
 @pytest.mark.slow
 def test_minilm_featurizer_embeds_head_and_tail_and_trains():
-    from harness.featurizers import MiniLMFeaturizer
+    from harness.rollout.featurizers import MiniLMFeaturizer
 
     featurizer = MiniLMFeaturizer(head_words=4, tail_words=3)  # the packaged model, offline
     assert isinstance(featurizer, Featurizer) and featurizer.dim == 768

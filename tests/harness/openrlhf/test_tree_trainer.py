@@ -18,14 +18,14 @@ from openrlhf_fakes import ScriptedSearchPolicy
 
 from envs import QATask
 from envs.search_qa import SearchQAConfig
-from harness.config import AllocConfig
-from harness.metrics_log import rollout_metrics
 from harness.openrlhf.config import TreeTrainConfig
 from harness.openrlhf.experience import experiences_from_leaves, pad_to_multiple
 from harness.openrlhf.launcher import parse_openrlhf_args
 from harness.openrlhf.tree_trainer import TreePPOTrainer, TreePPOTrainerBase
 from harness.tiny_policy.model import ModelConfig, build_model, save_policy
 from harness.tiny_policy.tokenizer import train_tokenizer
+from harness.training.config import AllocConfig
+from harness.training.metrics_log import rollout_metrics
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
 from trace_alloc import Spend, tree_advantages
