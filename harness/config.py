@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from envs import WorldConfig
+from envs import SearchQAConfig, WorldConfig
 from harness.errors import ResumeError
-from harness.tiny_policy.config import EnvSettings, default_world_config
+from harness.tiny_policy.config import default_world_config, tiny_env_config
 from trace_alloc import (
     ALLOCATORS,
     Allocator,
@@ -113,8 +113,9 @@ class TaskConfig:
     """Held-out questions for `eval` (`heldout`: test, then test_entities)."""
     questions: Literal["all", "hard"] = "all"
     """`hard`: only 3-4-hop bridges, comparisons and inference questions (train and eval)."""
-    env: EnvSettings = field(default_factory=EnvSettings)
-    """Turn limit, documents per search, prompt: the policy's own env settings."""
+    env: SearchQAConfig = field(default_factory=tiny_env_config)
+    """Turn limit, documents per search, prompt, reward: the env the policy plays (by default
+    the tiny policy's own, `harness.tiny_policy.tiny_env_config`)."""
 
     def __post_init__(self) -> None:
         given = {"train_file": self.train_file, "index": self.index}

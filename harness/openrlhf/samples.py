@@ -45,7 +45,7 @@ import torch  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 
-from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
+from envs import QATask, TaskSet  # noqa: E402
 from harness.backends.base import PolicyBackend, SamplingParams  # noqa: E402
 from harness.backends.openrlhf_ray import RayEnginesBackend  # noqa: E402
 from harness.checkpoint import write_dir_atomic  # noqa: E402
@@ -145,7 +145,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         tasks = TaskSet(self._tasks_from_labels(loaders))
         retriever = make_retriever(config.retriever)
         check_retriever(retriever)  # from the trainer's node: where the envs run
-        self.env = SearchQAEnv(tasks, retriever, **dataclasses.asdict(config.env))
+        self.env = config.env.make_env(tasks, retriever)
         codec_cls = ChatTemplateCodec if args.data.apply_chat_template else EpisodeCodec
         self.codec = codec_cls(tokenizer)
         self.sampling = SamplingParams(

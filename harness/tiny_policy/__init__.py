@@ -7,19 +7,18 @@ checkpoint selection, held-out evaluation) or reuses the cached one, and returns
 
 from harness.tiny_policy.config import (
     DemonstrationConfig,
-    EnvSettings,
     InitModelArgs,
     ModelConfig,
     SFTConfig,
     TinyPolicyConfig,
     WarmStartEvalConfig,
+    tiny_env_config,
 )
 from harness.tiny_policy.pipeline import PolicyArtifacts, init_model, is_hard, load_artifacts
 from harness.tiny_policy.report import summary_table
 
 __all__ = [
     "DemonstrationConfig",
-    "EnvSettings",
     "InitModelArgs",
     "ModelConfig",
     "PolicyArtifacts",
@@ -30,4 +29,5 @@ __all__ = [
     "is_hard",
     "load_artifacts",
     "summary_table",
+    "tiny_env_config",
 ]

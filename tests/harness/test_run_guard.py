@@ -6,6 +6,7 @@ that answers step 1 and is shut down after it, as a retriever node that dies mid
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import socket
@@ -20,7 +21,7 @@ from harness.config import AbortConfig, BudgetConfig, TaskConfig, TrainConfig
 from harness.errors import HarnessError, RunAborted
 from harness.metrics_log import read_metrics
 from harness.run_guard import FailureStreak
-from harness.tiny_policy import EnvSettings
+from harness.tiny_policy import tiny_env_config
 from harness.tiny_policy.config import TinyPolicyConfig
 from retrieval.bm25 import BM25Retriever
 from retrieval.protocol import render_result
@@ -84,7 +85,7 @@ def config(run_dir: Path, questions: Path, policy: Path, url: str, steps: int) -
             source="file",
             train_file=questions,
             index=url,
-            env=EnvSettings(max_turns=3, top_k=2, max_doc_chars=240),
+            env=dataclasses.replace(tiny_env_config(), max_turns=3, top_k=2, max_doc_chars=240),
         ),
         budget=BudgetConfig(per_step=4, pool_size=2),
         abort=AbortConfig(failed_share=0.5, steps=2),
