@@ -31,7 +31,7 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from harness.backends.base import BackendUnavailable, Completion, SamplingParams
-from harness.backends.vllm_backend import _finish_reason  # one mapping for both vLLM backends
+from harness.backends.vllm_backend import _completion  # one reading for both vLLM backends
 from harness.errors import EngineTimeoutError, HarnessError
 
 __all__ = ["RayEnginesBackend"]
@@ -165,7 +165,7 @@ class RayEnginesBackend:
             raise self._timed_out(refs, waiting) from err
         completions = []
         for prompt, engine, output in zip(ids, targets, outputs, strict=True):
-            completion = self._completion(output.outputs[0], sampling)
+            completion = self._read_output(output.outputs[0], sampling)
             # The generated tokens are in that engine's cache too: the next turn's prefix starts
             # with them, so it should find the same engine.
             self._remember([*prompt, *completion.token_ids], engine)
@@ -201,7 +201,7 @@ class RayEnginesBackend:
         finished = []
         for ref, output in zip(ready, self._ray.get(ready), strict=True):
             prompt, engine, sampling = self._in_flight.pop(ref)
-            completion = self._completion(output.outputs[0], sampling)
+            completion = self._read_output(output.outputs[0], sampling)
             self._remember([*prompt, *completion.token_ids], engine)
             finished.append((ref, completion))
         return finished
@@ -284,26 +284,13 @@ class RayEnginesBackend:
         for block_hash in _block_hashes(tokens):
             self._routes.setdefault(block_hash, engine)
 
-    def _completion(self, out: Any, sampling: SamplingParams) -> Completion:
+    def _read_output(self, out: Any, sampling: SamplingParams) -> Completion:
         if out.finish_reason == "abort":
             raise HarnessError(
                 "a vLLM engine aborted a rollout request (was it paused or put to sleep while "
                 "the trainer was generating?)"
             )
-        finish = _finish_reason(out.finish_reason, out.stop_reason)
-        text = out.text
-        if finish == "eos" and self.eos_text and text.endswith(self.eos_text):
-            text = text[: -len(self.eos_text)]  # the end token is kept in the ids, not shown
-        logprobs: tuple[float, ...] = ()
-        if sampling.logprobs:
-            steps = zip(out.token_ids, out.logprobs, strict=True)
-            logprobs = tuple(float(step[token].logprob) for token, step in steps)
-        return Completion(
-            token_ids=tuple(int(t) for t in out.token_ids),
-            text=text,
-            logprobs=logprobs,
-            finish_reason=finish,
-        )
+        return _completion(out, sampling, eos_text=self.eos_text)
 
 
 def _done(ray: Any, ref: Any) -> bool:

@@ -134,23 +134,32 @@ class VLLMBackend:
         ]
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prefixes]
         outputs = self.llm.generate(prompts, requests, use_tqdm=False)
-        return [self._completion(o.outputs[0], sampling) for o in outputs]
+        return [_completion(o.outputs[0], sampling, eos_text=self._eos_text) for o in outputs]
 
-    def _completion(self, out: Any, sampling: SamplingParams) -> Completion:
-        finish = _finish_reason(out.finish_reason, out.stop_reason)
-        text = out.text
-        if finish == "eos" and self._eos_text and text.endswith(self._eos_text):
-            text = text[: -len(self._eos_text)]  # the end token is kept in the ids, not shown
-        logprobs: tuple[float, ...] = ()
-        if sampling.logprobs:
-            steps = zip(out.token_ids, out.logprobs, strict=True)
-            logprobs = tuple(float(step[token].logprob) for token, step in steps)
-        return Completion(
-            token_ids=tuple(int(t) for t in out.token_ids),
-            text=text,
-            logprobs=logprobs,
-            finish_reason=finish,
-        )
+
+def _completion(out: Any, sampling: SamplingParams, *, eos_text: str | None) -> Completion:
+    """A vLLM `CompletionOutput` as a `Completion` (both vLLM backends read theirs here).
+
+    Args:
+        out: The output's `token_ids`, `text`, `logprobs` (one {token id: `Logprob`} per
+            generated token) and `finish_reason`/`stop_reason`.
+        sampling: The request's settings (`logprobs`: whether to read them).
+        eos_text: The end token as text: cut from `text` when it ended the completion.
+    """
+    finish = _finish_reason(out.finish_reason, out.stop_reason)
+    text = out.text
+    if finish == "eos" and eos_text and text.endswith(eos_text):
+        text = text[: -len(eos_text)]  # the end token is kept in the ids, not shown
+    logprobs: tuple[float, ...] = ()
+    if sampling.logprobs:
+        steps = zip(out.token_ids, out.logprobs, strict=True)
+        logprobs = tuple(float(step[token].logprob) for token, step in steps)
+    return Completion(
+        token_ids=tuple(int(t) for t in out.token_ids),
+        text=text,
+        logprobs=logprobs,
+        finish_reason=finish,
+    )
 
 
 def _finish_reason(

