@@ -548,7 +548,7 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
                 corpus.make_env(config.task.env),
                 ids,
                 run.codec,
-                temperature=config.eval.temperature,
+                temperature=config.eval.temperature_for(config.rollout),
                 n_samples=config.eval.n_samples,
                 max_new_tokens=config.rollout.max_new_tokens,
                 seed=config.seed + 7919 * step,

@@ -164,11 +164,11 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.predictor = config.predictor.build(seed=config.seed)
         per_step = (
             args.rollout.batch_size * args.rollout.n_samples_per_prompt
-            if config.currency == "leaves"
-            else config.tokens_per_step
+            if config.budget.currency == "leaves"
+            else config.budget.per_step
         )
-        assert per_step is not None  # TreeTrainConfig checks tokens_per_step
-        self.budget = BudgetLimit(currency=config.currency, per_step=per_step)
+        assert per_step is not None  # TreeBudgetConfig checks it
+        self.budget = BudgetLimit(currency=config.budget.currency, per_step=per_step)
         self.rng = np.random.default_rng(config.seed)
         self.eval_rng = np.random.default_rng([config.seed, 1])  # evaluation never shifts training
         self.unit = batch_unit(args)
@@ -184,9 +184,9 @@ class TreeSamplesGenerator(SamplesGenerator):
             "tree rollouts: allocator %s, %s budget %d per step, %s advantages, %d tasks, "
             "samples padded to a multiple of %d",
             type(config.alloc.build()).__name__,
-            config.currency,
+            config.budget.currency,
             per_step,
-            config.advantage,
+            config.loss.advantage,
             len(tasks),
             self.unit,
         )
@@ -335,7 +335,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         kept = [result.trees[i] for i in result.train_indices]
         # leaves without signal carry no weight and leaves a fault ended are left out of the
         # advantages, as in the CPU trainer (docs/decisions.md)
-        leaves, n_failed = leaves_to_train(kept, self.config.advantage)
+        leaves, n_failed = leaves_to_train(kept, self.config.loss.advantage)
         experiences = experiences_from_leaves(
             kept,
             leaves,
