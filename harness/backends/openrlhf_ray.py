@@ -31,7 +31,9 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 from harness.backends.base import BackendUnavailable, Completion, SamplingParams
-from harness.backends.vllm_backend import _completion  # one reading for both vLLM backends
+
+# one request and one reading of its output for both vLLM backends
+from harness.backends.vllm_backend import _completion, _request, _request_seed
 from harness.errors import EngineTimeoutError, HarnessError
 
 __all__ = ["RayEnginesBackend"]
@@ -237,21 +239,8 @@ class RayEnginesBackend:
         )
 
     def _request(self, sampling: SamplingParams, base: int, index: int) -> Any:
-        return self._vllm.SamplingParams(
-            n=1,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=sampling.max_new_tokens,
-            stop=list(sampling.stop),
-            include_stop_str_in_output=True,
-            logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
-            seed=(base * 1_000_003 + index) % 2**63 if self.seeded else None,
-            # Tags may be special tokens: keep every token in the text, or the stop strings
-            # would never be seen.
-            skip_special_tokens=False,
-            spaces_between_special_tokens=False,
-        )
+        seed = _request_seed(base, index) if self.seeded else None
+        return _request(self._vllm, sampling, seed=seed)
 
     def _route(self, prefixes: list[list[int]]) -> list[int]:
         n_engines = len(self.engines)

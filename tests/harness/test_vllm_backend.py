@@ -20,7 +20,7 @@ import pytest
 
 from harness.backends import BackendUnavailable, SamplingParams, TransformersBackend, VLLMBackend
 from harness.backends.base import Completion
-from harness.backends.vllm_backend import _completion
+from harness.backends.vllm_backend import _completion, _request, _request_seed
 from harness.errors import HarnessError
 
 TEXT = (
@@ -175,6 +175,23 @@ def test_the_ray_engines_backend_reads_outputs_with_the_same_function():
         openrlhf_ray.RayEnginesBackend._read_output(
             SimpleNamespace(eos_text=None), _output("abort", None, ""), SamplingParams()
         )
+
+
+def test_both_vllm_backends_send_the_same_request():
+    from harness.backends import openrlhf_ray
+
+    fake_vllm = SimpleNamespace(SamplingParams=lambda **fields: fields)
+    sampling = SamplingParams(temperature=0.5, top_k=7, max_new_tokens=9, stop=("</s>",))
+    sent = _request(fake_vllm, sampling, seed=_request_seed(3, 1))
+    assert sent["seed"] == 3 * 1_000_003 + 1 and sent["stop"] == ["</s>"]
+    assert (sent["temperature"], sent["top_k"], sent["max_tokens"], sent["logprobs"]) == (
+        0.5, 7, 9, 0
+    )  # fmt: skip
+    assert not sent["skip_special_tokens"] and sent["include_stop_str_in_output"]
+    ray = SimpleNamespace(_vllm=fake_vllm, seeded=True)
+    assert openrlhf_ray.RayEnginesBackend._request(ray, sampling, 3, 1) == sent
+    ray.seeded = False  # the engine's own generator samples it
+    assert openrlhf_ray.RayEnginesBackend._request(ray, sampling, 3, 1) == {**sent, "seed": None}
 
 
 if __name__ == "__main__":
