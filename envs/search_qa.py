@@ -171,6 +171,21 @@ class SearchQAConfig:
                 f"lower max_doc_chars to {self.max_doc_chars_limit(self.top_k)} or less"
             )
 
+    def make_env(
+        self, tasks: TaskSet | Sequence[QATask], retriever: Retriever, **overrides: Any
+    ) -> SearchQAEnv:
+        """A `SearchQAEnv` with these settings (`overrides`: fields to change for this env).
+
+        >>> from retrieval.base import Document
+        >>> from retrieval.bm25 import BM25Retriever
+        >>> index = BM25Retriever.build([Document(doc_id="d1", title="Acme", text="Ann.")])
+        >>> tasks = [QATask(task_id="q1", question="Who?", golden_answers=("Ann",))]
+        >>> SearchQAConfig(max_turns=6).make_env(tasks, index, top_k=1).config.top_k
+        1
+        """
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return SearchQAEnv(tasks, retriever, **{**fields, **overrides})
+
     @staticmethod
     def max_doc_chars_limit(top_k: int) -> int:
         """The largest `max_doc_chars` whose observations fit the text space at this top_k."""

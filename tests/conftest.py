@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -60,7 +61,7 @@ _TINY_RECIPE = tiny_policy.TinyPolicyConfig(
     ),
     demos=tiny_policy.DemonstrationConfig(n_worlds=1, target_variants=1),
     sft=tiny_policy.SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
-    env=tiny_policy.EnvSettings(max_turns=3),
+    env=dataclasses.replace(tiny_policy.tiny_env_config(), max_turns=3),
     eval=tiny_policy.WarmStartEvalConfig(
         n_unseen_questions=4, n_dev_samples=1, n_samples=1, max_action_tokens=12
     ),

@@ -30,7 +30,7 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -108,13 +108,13 @@ def _random_policy(world: Any, directory: Path) -> Path:
 def _setup(args: Args, scratch: Path) -> tuple[Path, Any, Any, str]:
     """The policy directory, its env settings, its world, and a label for the report."""
     from envs import World
-    from harness.tiny_policy import ARTIFACTS_FILE, EnvSettings, PolicyArtifacts
+    from harness.tiny_policy import ARTIFACTS_FILE, PolicyArtifacts, tiny_env_config
 
     if args.random_policy:
         from envs import WorldConfig
 
         world = World.generate(args.seed, WorldConfig(questions_per_kind=4))
-        env = EnvSettings(max_turns=args.max_turns)
+        env = replace(tiny_env_config(), max_turns=args.max_turns)
         label = f"random-init, {args.max_turns} turns"
         return _random_policy(world, scratch / "policy"), env, world, label
     path = args.policy / ARTIFACTS_FILE

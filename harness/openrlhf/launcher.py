@@ -37,6 +37,7 @@ import tyro
 
 from harness.errors import HarnessError
 from harness.openrlhf.config import TreeTrainConfig
+from harness.training.config import renamed_flags
 from harness.training.doctor import (
     Check,
     Probes,
@@ -210,7 +211,7 @@ def check_openrlhf_args(args: Any) -> None:
     if args.algo.advantage.estimator == "gae":
         problems.append(
             "--algo.advantage.estimator gae needs a critic; tree advantages need none "
-            "(choose the tree advantage with trace-rl's --advantage)"
+            "(choose the tree advantage with trace-rl's --loss.advantage)"
         )
     if args.train.agent_func_path:
         problems.append("--train.agent_func_path: the tree engine is the agent; drop the flag")
@@ -298,6 +299,7 @@ def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
         SystemExit: a bad flag or `--help`.
     """
     ours, theirs = split_argv(argv)
+    ours = renamed_flags(ours)
     config, unknown = tyro.cli(TreeTrainConfig, args=ours, return_unknown_args=True, prog=PROG)
     args = parse_openrlhf_args([*theirs, *unknown])
     check_openrlhf_args(args)
@@ -656,11 +658,14 @@ def run_size(config: TreeTrainConfig, args: Any) -> str:
 
     leaves = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     budget = (
-        f"{leaves} leaves" if config.currency == "leaves" else f"{config.tokens_per_step} tokens"
+        f"{leaves} leaves"
+        if config.budget.currency == "leaves"
+        else f"{config.budget.per_step} tokens"
     )
     return (
         f"{args.actor.model_name_or_path}: {type(config.alloc.build()).__name__} allocator, "
-        f"{config.advantage} advantages, {args.rollout.batch_size} prompts and {budget} per step, "
+        f"{config.loss.advantage} advantages, {args.rollout.batch_size} prompts and {budget} "
+        "per step, "
         f"samples padded to a multiple of {batch_unit(args)}; "
         f"actor {args.actor.num_nodes}x{args.actor.num_gpus_per_node} GPUs "
         f"(ZeRO-{args.ds.zero_stage}), "

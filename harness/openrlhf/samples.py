@@ -45,7 +45,7 @@ import torch  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 
-from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
+from envs import QATask, TaskSet  # noqa: E402
 from harness.errors import EngineTimeoutError, HarnessError  # noqa: E402
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
@@ -145,7 +145,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         tasks = TaskSet(self._tasks_from_labels(loaders))
         retriever = make_retriever(config.retriever)
         check_retriever(retriever)  # from the trainer's node: where the envs run
-        self.env = SearchQAEnv(tasks, retriever, **dataclasses.asdict(config.env))
+        self.env = config.env.make_env(tasks, retriever)
         codec_cls = ChatTemplateCodec if args.data.apply_chat_template else EpisodeCodec
         self.codec = codec_cls(tokenizer)
         self.sampling = SamplingParams(
@@ -164,11 +164,11 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.predictor = config.predictor.build(seed=config.seed)
         per_step = (
             args.rollout.batch_size * args.rollout.n_samples_per_prompt
-            if config.currency == "leaves"
-            else config.tokens_per_step
+            if config.budget.currency == "leaves"
+            else config.budget.per_step
         )
-        assert per_step is not None  # TreeTrainConfig checks tokens_per_step
-        self.budget = BudgetLimit(currency=config.currency, per_step=per_step)
+        assert per_step is not None  # TreeBudgetConfig checks it
+        self.budget = BudgetLimit(currency=config.budget.currency, per_step=per_step)
         self.rng = np.random.default_rng(config.seed)
         self.eval_rng = np.random.default_rng([config.seed, 1])  # evaluation never shifts training
         self.unit = batch_unit(args)
@@ -184,9 +184,9 @@ class TreeSamplesGenerator(SamplesGenerator):
             "tree rollouts: allocator %s, %s budget %d per step, %s advantages, %d tasks, "
             "samples padded to a multiple of %d",
             type(config.alloc.build()).__name__,
-            config.currency,
+            config.budget.currency,
             per_step,
-            config.advantage,
+            config.loss.advantage,
             len(tasks),
             self.unit,
         )
@@ -335,7 +335,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         kept = [result.trees[i] for i in result.train_indices]
         # leaves without signal carry no weight and leaves a fault ended are left out of the
         # advantages, as in the CPU trainer (docs/decisions.md)
-        leaves, n_failed = leaves_to_train(kept, self.config.advantage)
+        leaves, n_failed = leaves_to_train(kept, self.config.loss.advantage)
         experiences = experiences_from_leaves(
             kept,
             leaves,

@@ -32,7 +32,13 @@ from typing import Any
 
 from harness.errors import EngineTimeoutError, HarnessError
 from harness.policies.base import BackendUnavailable, Completion, SamplingParams
-from harness.policies.vllm_backend import _finish_reason  # one mapping for both vLLM backends
+
+# one request and one reading of its output for both vLLM backends
+from harness.policies.vllm_backend import (
+    _completion,
+    _request,
+    _request_seed,
+)
 
 __all__ = ["RayEnginesBackend"]
 
@@ -165,7 +171,7 @@ class RayEnginesBackend:
             raise self._timed_out(refs, waiting) from err
         completions = []
         for prompt, engine, output in zip(ids, targets, outputs, strict=True):
-            completion = self._completion(output.outputs[0], sampling)
+            completion = self._read_output(output.outputs[0], sampling)
             # The generated tokens are in that engine's cache too: the next turn's prefix starts
             # with them, so it should find the same engine.
             self._remember([*prompt, *completion.token_ids], engine)
@@ -201,7 +207,7 @@ class RayEnginesBackend:
         finished = []
         for ref, output in zip(ready, self._ray.get(ready), strict=True):
             prompt, engine, sampling = self._in_flight.pop(ref)
-            completion = self._completion(output.outputs[0], sampling)
+            completion = self._read_output(output.outputs[0], sampling)
             self._remember([*prompt, *completion.token_ids], engine)
             finished.append((ref, completion))
         return finished
@@ -237,21 +243,8 @@ class RayEnginesBackend:
         )
 
     def _request(self, sampling: SamplingParams, base: int, index: int) -> Any:
-        return self._vllm.SamplingParams(
-            n=1,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=sampling.max_new_tokens,
-            stop=list(sampling.stop),
-            include_stop_str_in_output=True,
-            logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
-            seed=(base * 1_000_003 + index) % 2**63 if self.seeded else None,
-            # Tags may be special tokens: keep every token in the text, or the stop strings
-            # would never be seen.
-            skip_special_tokens=False,
-            spaces_between_special_tokens=False,
-        )
+        seed = _request_seed(base, index) if self.seeded else None
+        return _request(self._vllm, sampling, seed=seed)
 
     def _route(self, prefixes: list[list[int]]) -> list[int]:
         n_engines = len(self.engines)
@@ -284,26 +277,13 @@ class RayEnginesBackend:
         for block_hash in _block_hashes(tokens):
             self._routes.setdefault(block_hash, engine)
 
-    def _completion(self, out: Any, sampling: SamplingParams) -> Completion:
+    def _read_output(self, out: Any, sampling: SamplingParams) -> Completion:
         if out.finish_reason == "abort":
             raise HarnessError(
                 "a vLLM engine aborted a rollout request (was it paused or put to sleep while "
                 "the trainer was generating?)"
             )
-        finish = _finish_reason(out.finish_reason, out.stop_reason)
-        text = out.text
-        if finish == "eos" and self.eos_text and text.endswith(self.eos_text):
-            text = text[: -len(self.eos_text)]  # the end token is kept in the ids, not shown
-        logprobs: tuple[float, ...] = ()
-        if sampling.logprobs:
-            steps = zip(out.token_ids, out.logprobs, strict=True)
-            logprobs = tuple(float(step[token].logprob) for token, step in steps)
-        return Completion(
-            token_ids=tuple(int(t) for t in out.token_ids),
-            text=text,
-            logprobs=logprobs,
-            finish_reason=finish,
-        )
+        return _completion(out, sampling, eos_text=self.eos_text)
 
 
 def _done(ray: Any, ref: Any) -> bool:

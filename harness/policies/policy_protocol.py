@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.protocol import PROTOCOLS, Protocol
+from envs.search_qa import SearchQAConfig
 from envs.synthetic.config import WorldConfig
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "PROTOCOL_FILE",
     "PolicyProtocol",
     "PolicyProtocolError",
+    "env_fields",
     "read_policy_protocol",
 ]
 
@@ -40,6 +42,11 @@ SCHEMA_VERSION = 1
 _TINY_POLICY_RECORD = "tiny_policy.json"  # harness.tiny_policy.pipeline.ARTIFACTS_FILE
 ENV_FIELDS = ("protocol", "prompt_template", "top_k", "max_turns", "max_doc_chars")
 """The fields a `SearchQAEnv` takes, in the order differences are listed."""
+
+
+def env_fields(env: SearchQAConfig) -> dict[str, Any]:
+    """The settings of `env` a policy is trained for (`ENV_FIELDS`), by name."""
+    return {name: getattr(env, name) for name in ENV_FIELDS}
 
 
 class PolicyProtocolError(ValueError):
@@ -57,6 +64,13 @@ class PolicyProtocol:
     max_doc_chars: int
     world_seed: int | None = None
     world: WorldConfig | None = None
+
+    @classmethod
+    def of(
+        cls, env: SearchQAConfig, *, world_seed: int | None, world: WorldConfig | None
+    ) -> PolicyProtocol:
+        """The protocol of a policy trained in `env` (and in `world`, if synthetic)."""
+        return cls(**env_fields(env), world_seed=world_seed, world=world)
 
     def env_kwargs(self) -> dict[str, Any]:
         """The `SearchQAEnv` keyword arguments."""

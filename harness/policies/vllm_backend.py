@@ -115,42 +115,67 @@ class VLLMBackend:
             return []
         base = self._rng.getrandbits(62) if sampling.seed is None else sampling.seed
         requests = [
-            self._vllm.SamplingParams(
-                n=1,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=sampling.top_k,
-                max_tokens=sampling.max_new_tokens,
-                stop=list(sampling.stop),
-                include_stop_str_in_output=True,
-                logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
-                seed=(base * 1_000_003 + i) % 2**63,
-                # The tiny policy's tags may be special tokens: keep every token in the text, or
-                # the stop strings would never be seen.
-                skip_special_tokens=False,
-                spaces_between_special_tokens=False,
-            )
+            _request(self._vllm, sampling, seed=_request_seed(base, i))
             for i in range(len(prefixes))
         ]
         prompts = [TokensPrompt(prompt_token_ids=[int(t) for t in p]) for p in prefixes]
         outputs = self.llm.generate(prompts, requests, use_tqdm=False)
-        return [self._completion(o.outputs[0], sampling) for o in outputs]
+        return [_completion(o.outputs[0], sampling, eos_text=self._eos_text) for o in outputs]
 
-    def _completion(self, out: Any, sampling: SamplingParams) -> Completion:
-        finish = _finish_reason(out.finish_reason, out.stop_reason)
-        text = out.text
-        if finish == "eos" and self._eos_text and text.endswith(self._eos_text):
-            text = text[: -len(self._eos_text)]  # the end token is kept in the ids, not shown
-        logprobs: tuple[float, ...] = ()
-        if sampling.logprobs:
-            steps = zip(out.token_ids, out.logprobs, strict=True)
-            logprobs = tuple(float(step[token].logprob) for token, step in steps)
-        return Completion(
-            token_ids=tuple(int(t) for t in out.token_ids),
-            text=text,
-            logprobs=logprobs,
-            finish_reason=finish,
-        )
+
+def _request_seed(base: int, index: int) -> int:
+    """The seed of request `index` of a call whose base seed is `base` (a 63-bit int)."""
+    return (base * 1_000_003 + index) % 2**63
+
+
+def _request(vllm: Any, sampling: SamplingParams, *, seed: int | None) -> Any:
+    """VLLM's `SamplingParams` for one request (both vLLM backends send these).
+
+    Args:
+        vllm: The imported `vllm` module.
+        sampling: Temperature (0 = greedy), top-p, top-k, stop strings, length cap, log-probs.
+        seed: The request's own seed, or None (the engine's generator samples it).
+    """
+    return vllm.SamplingParams(
+        n=1,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_tokens=sampling.max_new_tokens,
+        stop=list(sampling.stop),
+        include_stop_str_in_output=True,
+        logprobs=0 if sampling.logprobs else None,  # 0: the sampled token's only
+        seed=seed,
+        # The tiny policy's tags may be special tokens: keep every token in the text, or the
+        # stop strings would never be seen.
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+    )
+
+
+def _completion(out: Any, sampling: SamplingParams, *, eos_text: str | None) -> Completion:
+    """A vLLM `CompletionOutput` as a `Completion` (both vLLM backends read theirs here).
+
+    Args:
+        out: The output's `token_ids`, `text`, `logprobs` (one {token id: `Logprob`} per
+            generated token) and `finish_reason`/`stop_reason`.
+        sampling: The request's settings (`logprobs`: whether to read them).
+        eos_text: The end token as text: cut from `text` when it ended the completion.
+    """
+    finish = _finish_reason(out.finish_reason, out.stop_reason)
+    text = out.text
+    if finish == "eos" and eos_text and text.endswith(eos_text):
+        text = text[: -len(eos_text)]  # the end token is kept in the ids, not shown
+    logprobs: tuple[float, ...] = ()
+    if sampling.logprobs:
+        steps = zip(out.token_ids, out.logprobs, strict=True)
+        logprobs = tuple(float(step[token].logprob) for token, step in steps)
+    return Completion(
+        token_ids=tuple(int(t) for t in out.token_ids),
+        text=text,
+        logprobs=logprobs,
+        finish_reason=finish,
+    )
 
 
 def _finish_reason(

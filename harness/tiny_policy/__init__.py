@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 from harness.lazy import lazy_names
 from harness.tiny_policy.config import (
     DemonstrationConfig,
-    EnvSettings,
     InitModelArgs,
     ModelConfig,
     SFTConfig,
     TinyPolicyConfig,
     WarmStartEvalConfig,
     default_world_config,
+    tiny_env_config,
 )
 from harness.tiny_policy.model import build_model, save_policy
 from harness.tiny_policy.pipeline import (
@@ -38,7 +38,6 @@ __all__ = [
     "ARTIFACTS_FILE",
     "SHIPPED_DIR",
     "DemonstrationConfig",
-    "EnvSettings",
     "InitModelArgs",
     "ModelConfig",
     "PolicyArtifacts",
@@ -53,6 +52,7 @@ __all__ = [
     "load_tokenizer",
     "save_policy",
     "summary_table",
+    "tiny_env_config",
     "train_tokenizer",
 ]
 

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from envs import SearchQAEnv, World
 from envs.tasks import QATask
+from harness.policies.policy_protocol import PolicyProtocol
 from harness.rollout.episodes import EpisodeCodec, PolicyEval, evaluate_policy
 from harness.tiny_policy.config import TinyPolicyConfig
 from retrieval.bm25 import BM25Retriever
@@ -356,7 +357,7 @@ def init_model(
     tmp = _fresh_tmp(policy_dir)
     save_policy(model, tokenizer, tmp)
     (tmp / ARTIFACTS_FILE).write_text(json.dumps(artifacts.to_json(), indent=1) + "\n")
-    config.env.protocol(config.world_seed, config.world).write(tmp)
+    PolicyProtocol.of(config.env, world_seed=config.world_seed, world=config.world).write(tmp)
     _replace_dir(tmp, policy_dir)
     log.info("wrote the tiny policy to %s in %.0f s", policy_dir, sft["total_wall_s"])
     return artifacts

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from envs import WorldConfig
+from envs import SearchQAConfig, WorldConfig
 from harness.errors import ResumeError
-from harness.tiny_policy.config import EnvSettings, default_world_config
+from harness.tiny_policy.config import default_world_config, tiny_env_config
 from trace_alloc import (
     ALLOCATORS,
     Allocator,
@@ -44,10 +45,14 @@ from trace_alloc import (
 
 __all__ = [
     "CONFIG_FILE",
+    "RENAMED_FLAGS",
     "AbortConfig",
+    "AdvantageConfig",
+    "AdvantageMode",
     "AllocConfig",
     "AllocatorSettings",
     "BudgetConfig",
+    "Currency",
     "EvalConfig",
     "EvalSetName",
     "LossConfig",
@@ -58,12 +63,27 @@ __all__ = [
     "TrainConfig",
     "config_from_dict",
     "load_config",
+    "renamed_flags",
 ]
 
 CONFIG_FILE = "config.json"
 
+log = logging.getLogger(__name__)
+
 EvalSetName = Literal["split", "fact_disjoint", "unseen", "decoy"]
 """The held-out sets a run can be evaluated on (`harness.training.task_sources`)."""
+AdvantageMode = Literal["grpo", "tree_grpo", "treerl"]
+"""`trace_alloc.tree_advantages` modes."""
+Currency = Literal["leaves", "tokens"]
+"""What a step's budget counts: rollouts (leaves) or generated tokens."""
+
+RENAMED_FLAGS: dict[str, str] = {
+    "--advantage": "--loss.advantage",
+    "--currency": "--budget.currency",
+    "--tokens-per-step": "--budget.per-step",
+}
+"""Old flag names of `tracerl train --backend openrlhf`, still read (with a warning) as the
+names both trainers now share."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,8 +133,9 @@ class TaskConfig:
     """Held-out questions for `eval` (`heldout`: test, then test_entities)."""
     questions: Literal["all", "hard"] = "all"
     """`hard`: only 3-4-hop bridges, comparisons and inference questions (train and eval)."""
-    env: EnvSettings = field(default_factory=EnvSettings)
-    """Turn limit, documents per search, prompt: the policy's own env settings."""
+    env: SearchQAConfig = field(default_factory=tiny_env_config)
+    """Turn limit, documents per search, prompt, reward: the env the policy plays (by default
+    the tiny policy's own, `harness.tiny_policy.tiny_env_config`)."""
 
     def __post_init__(self) -> None:
         given = {"train_file": self.train_file, "index": self.index}
@@ -215,7 +236,7 @@ class AllocConfig(AllocatorSettings):
 class BudgetConfig:
     """The equal-cost budget of every step."""
 
-    currency: Literal["leaves", "tokens"] = "leaves"
+    currency: Currency = "leaves"
     """`leaves` (exact per step) or generated `tokens` (carried over between steps)."""
     per_step: int = 32
     """Budget of one step in `currency`."""
@@ -300,11 +321,20 @@ class PredictorConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class LossConfig:
-    """Advantages and OpenRLHF's PolicyLoss."""
+class AdvantageConfig:
+    """The tree advantage: the part of the loss both trainers set (`--loss.advantage`)."""
 
-    advantage: Literal["grpo", "tree_grpo", "treerl"] = "tree_grpo"
+    advantage: AdvantageMode = "tree_grpo"
     """`trace_alloc.tree_advantages` mode."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossConfig(AdvantageConfig):
+    """Advantages and OpenRLHF's PolicyLoss.
+
+    The OpenRLHF trainer takes `advantage` only; its PolicyLoss reads OpenRLHF's own flags.
+    """
+
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
     """PPO clip range (DAPO's clip-higher by default)."""
@@ -350,8 +380,13 @@ class EvalConfig:
     n_questions: int = 64
     """Questions of each held-out set (the first ones)."""
     n_samples: int = 1
-    temperature: float = 1.0
-    """Sampled EM at the policy's temperature; 0 for greedy."""
+    temperature: float | None = None
+    """Sampling temperature of the held-out episodes (0: greedy). None: the rollout's
+    (`--rollout.temperature`), so the policy is judged as it samples in training."""
+
+    def temperature_for(self, rollout: RolloutConfig) -> float:
+        """The temperature held-out episodes are played at."""
+        return rollout.temperature if self.temperature is None else self.temperature
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -420,6 +455,25 @@ class TrainConfig:
     def to_json(self) -> dict[str, Any]:
         """JSON-safe dict (paths as strings, tuples as lists)."""
         return json.loads(json.dumps(dataclasses.asdict(self), default=str))
+
+
+def renamed_flags(argv: Sequence[str], renamed: Mapping[str, str] = RENAMED_FLAGS) -> list[str]:
+    """`argv` with every old flag name of `renamed` replaced by its new one, with a warning.
+
+    `--old VALUE` and `--old=VALUE` both count, spelled with `_` or `-`.
+
+    >>> renamed_flags(["--currency=tokens", "--tokens_per_step", "900", "--seed", "1"])
+    ['--budget.currency=tokens', '--budget.per-step', '900', '--seed', '1']
+    """
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        new = renamed.get(name.replace("_", "-")) if name.startswith("--") else None
+        if new is not None:
+            log.warning("%s is deprecated: use %s (the same flag in both trainers)", name, new)
+            arg = new + eq + value
+        out.append(arg)
+    return out
 
 
 def config_from_dict(cls: type[Any], data: dict[str, Any]) -> Any:

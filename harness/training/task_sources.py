@@ -11,10 +11,11 @@ held-out sets it evaluates. The training questions come from one of three source
 - `file`: a task file in any format `tracerl bench` reads (HotpotQA, 2Wiki, MuSiQue, FlashRAG,
   ...), over `index`: an index directory or a retriever URL.
 
-Every source hands the engine one `TaskCorpus` (questions and the index they are answered from)
-per step, so forks, snapshots and the budget meter work the same on all of them. A generated
-world's task ids carry its seed (`w100007/bridge-003`), and its env refuses a snapshot taken on
-another index (`SnapshotMismatchError`): an episode cannot be restored into the wrong world.
+Every source is a `TaskSource`: it hands the engine one `TaskCorpus` (questions and the index
+they are answered from) per step, so forks, snapshots and the budget meter work the same on all
+of them. A generated world's task ids carry its seed (`w100007/bridge-003`), and its env refuses
+a snapshot taken on another index (`SnapshotMismatchError`): an episode cannot be restored into
+the wrong world.
 
 The held-out sets (`EvalSetName`):
 
@@ -39,11 +40,11 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args
 
 import numpy as np
 
-from envs import QATask, SearchQAEnv, TaskSet, World, WorldConfig
+from envs import QATask, SearchQAConfig, SearchQAEnv, TaskSet, World, WorldConfig
 from envs.qa_datasets import load_file
 from harness.errors import HarnessError
 from harness.rollout.episodes import question_kind
@@ -54,23 +55,44 @@ from retrieval.bm25 import BM25Retriever
 from retrieval.cache import CachedRetriever
 
 if TYPE_CHECKING:
-    from harness.tiny_policy.config import EnvSettings
     from harness.training.config import TaskConfig
 
 __all__ = [
     "EVAL_SETS",
     "EvalSetName",
     "TaskCorpus",
+    "TaskSource",
     "Tasks",
     "WorldStream",
     "build_tasks",
     "eval_set",
     "fact_disjoint_questions",
     "fact_disjoint_set",
+    "sample_pool",
     "world_corpus",
 ]
 
 EVAL_SETS: tuple[str, ...] = get_args(EvalSetName)
+
+
+class TaskSource(Protocol):
+    """What a training step draws its questions from: a fixed set, or a corpus per step."""
+
+    @property
+    def fixed_ids(self) -> tuple[str, ...] | None:
+        """The questions a data cursor walks over, in order.
+
+        None when every step draws its pool from its own corpus (`sample_pool`).
+        """
+        ...
+
+    def corpus(self, step: int) -> TaskCorpus:
+        """Step `step`'s questions and index (1-based; a fixed set's are the same every step)."""
+        ...
+
+    def seed(self, step: int) -> int | None:
+        """The seed of the world step `step` trains on, or None (no world per step)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,9 +105,23 @@ class TaskCorpus:
     retriever: Retriever
     """Searches the questions' corpus (cached: the engine batches each turn's searches)."""
 
-    def make_env(self, settings: EnvSettings) -> SearchQAEnv:
+    def make_env(self, settings: SearchQAConfig) -> SearchQAEnv:
         """An env over these questions and this index, refusing snapshots of another index."""
         return settings.make_env(self.tasks, self.retriever, on_other_index="error")
+
+    # the `TaskSource` of a fixed set: the same questions every step
+    @property
+    def fixed_ids(self) -> tuple[str, ...]:
+        """Every question, in order (`TaskSource.fixed_ids`)."""
+        return self.tasks.ids
+
+    def corpus(self, step: int) -> TaskCorpus:
+        """This corpus, whatever the step (`TaskSource.corpus`)."""
+        return self
+
+    def seed(self, step: int) -> None:
+        """None: a fixed set has no world per step (`TaskSource.seed`)."""
+        return None
 
 
 def world_corpus(
@@ -128,6 +164,11 @@ class WorldStream:
     questions: str = "all"
     """`hard`: only 3-4-hop bridges, comparisons and inference questions."""
 
+    @property
+    def fixed_ids(self) -> None:
+        """None: each step draws its pool from its own world (`TaskSource.fixed_ids`)."""
+        return None
+
     def seed(self, step: int) -> int:
         """The world seed of step `step` (1-based)."""
         return self.first_seed + step - 1
@@ -141,28 +182,26 @@ class WorldStream:
         world = World.generate(self.seed(step), self.config)
         return world_corpus(world, questions=self.questions)
 
-    @staticmethod
-    def pool(corpus: TaskCorpus, n: int, *, seed: int, step: int) -> list[str]:
-        """`n` distinct questions of `corpus`, drawn by a generator seeded on (seed, step)."""
-        ids = corpus.tasks.ids
-        rng = np.random.default_rng([seed, step])
-        return [ids[i] for i in rng.choice(len(ids), size=min(n, len(ids)), replace=False)]
+
+def sample_pool(corpus: TaskCorpus, n: int, *, seed: int, step: int) -> list[str]:
+    """`n` distinct questions of `corpus`, drawn by a generator seeded on (seed, step).
+
+    Stateless, so a resumed run draws exactly what an uninterrupted one would.
+    """
+    ids = corpus.tasks.ids
+    rng = np.random.default_rng([seed, step])
+    return [ids[i] for i in rng.choice(len(ids), size=min(n, len(ids)), replace=False)]
 
 
 @dataclass(frozen=True, slots=True)
 class Tasks:
     """Where a run's questions come from: the training source and the held-out sets."""
 
-    train: TaskCorpus | WorldStream
+    train: TaskSource
     """A fixed set of questions (one world, a task file), or a stream of fresh worlds."""
     eval: dict[str, tuple[TaskCorpus, ...]]
     """Held-out sets by name (`EvalSetName`), each one or more corpora (`unseen`: one per
     world); the first is the run's primary evaluation."""
-
-    @property
-    def fixed_ids(self) -> tuple[str, ...]:
-        """The training questions a data cursor walks (none for a stream: it draws per step)."""
-        return () if isinstance(self.train, WorldStream) else self.train.tasks.ids
 
     def n_eval(self, name: str) -> int:
         """Questions in held-out set `name`."""
@@ -180,7 +219,7 @@ def build_tasks(task: TaskConfig, eval_sets: Sequence[str] = ("split",)) -> Task
     if unknown:
         raise HarnessError(f"unknown held-out set(s) {unknown}: choose from {list(EVAL_SETS)}")
     if task.source == "file":
-        train: TaskCorpus | WorldStream = _file_corpus(task, task.train_file)
+        train: TaskSource = _file_corpus(task, task.train_file)
     elif task.source == "stream":
         train = WorldStream(task.stream_first_seed, task.world, task.questions)
     else:
@@ -191,7 +230,7 @@ def build_tasks(task: TaskConfig, eval_sets: Sequence[str] = ("split",)) -> Task
 
 
 def eval_set(
-    task: TaskConfig, name: str, train: TaskCorpus | WorldStream | None = None
+    task: TaskConfig, name: str, train: TaskSource | None = None
 ) -> tuple[TaskCorpus, ...]:
     """The corpora of held-out set `name` (see the module docstring).
 
@@ -208,7 +247,7 @@ def eval_set(
             return (_world_split(task, task.eval_split),)
         if task.eval_file is None:
             raise HarnessError("held-out set 'split' of a task file needs --task.eval-file")
-        index = train.retriever if isinstance(train, TaskCorpus) else None
+        index = None if train is None else train.corpus(1).retriever  # a file: one corpus
         return (_file_corpus(task, task.eval_file, retriever=index),)
     world = World.generate(task.world_seed, task.world)
     split = world.split()

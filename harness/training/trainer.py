@@ -49,8 +49,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from envs import SearchQAConfig
 from harness.errors import HarnessError, ResumeError
 from harness.policies import SamplingParams, TransformersBackend
+from harness.policies.policy_protocol import PolicyProtocol, env_fields
 from harness.rollout.engine import TreeRolloutEngine, leaves_to_train
 from harness.rollout.episodes import EpisodeCodec, evaluate_policy
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE
@@ -82,7 +84,7 @@ from harness.training.metrics_log import (
 from harness.training.openrlhf_compat import openrlhf_losses
 from harness.training.optimizers import DeepSpeedOptimizer, make_optimizer
 from harness.training.run_guard import FailureStreak, check_retriever, failure_cause
-from harness.training.task_sources import Tasks, WorldStream, build_tasks
+from harness.training.task_sources import Tasks, build_tasks, sample_pool
 from trace_alloc import (
     Allocator,
     BudgetLimit,
@@ -330,13 +332,13 @@ def set_up(config: TrainConfig) -> Run:
     # the questions, their corpus and index, the engine
     tasks = build_tasks(config.task, config.eval.sets if config.eval.every else ())
     empty = [name for name in tasks.eval if tasks.n_eval(name) == 0]
-    if (not isinstance(tasks.train, WorldStream) and len(tasks.train.tasks) == 0) or empty:
+    if tasks.train.fixed_ids == () or empty:  # (a stream's are None: it draws per step)
         raise HarnessError(
             f"no questions to train on, or none in held-out set(s) {empty}, with "
             f"--task.questions {config.task.questions}"
         )
-    # a stream swaps in each step's world; other sources keep this one env for the whole run
-    first = tasks.train.corpus(1) if isinstance(tasks.train, WorldStream) else tasks.train
+    # a stream swaps in each step's world; a fixed set keeps this one env for the whole run
+    first = tasks.train.corpus(1)
     check_retriever(first.retriever)  # a wrong URL stops here, not after steps of nothing
     checkpoint = load_checkpoint(checkpoint_path) if config.resume and checkpoint_path else None
     if checkpoint is not None:  # before the optimizer wraps the model: ZeRO-3 then partitions it
@@ -413,7 +415,7 @@ def resume(run: Run) -> Progress:
     config = run.config
     progress = Progress(
         step=0,
-        cursor=DataCursor(run.tasks.fixed_ids, config.seed),
+        cursor=DataCursor(run.tasks.train.fixed_ids or (), config.seed),
         alloc_rng=np.random.default_rng([config.seed, 1]),
         carry=0.0,
         tokens_per_leaf=config.budget.tokens_per_leaf_guess,
@@ -445,10 +447,10 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
 
     # 1. data: the next prompts of a fixed source, or a pool of this step's fresh world
     source = run.tasks.train
-    if isinstance(source, WorldStream):
+    if source.fixed_ids is None:
         corpus = source.corpus(step)
         engine.env = corpus.make_env(config.task.env)
-        pool = source.pool(corpus, config.budget.pool_size, seed=config.seed, step=step)
+        pool = sample_pool(corpus, config.budget.pool_size, seed=config.seed, step=step)
     else:
         pool = progress.cursor.take(config.budget.pool_size)
 
@@ -524,7 +526,7 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
         "perf/step_s": now - t_step,
         "policy/lr": lr,
         "data/epoch": progress.cursor.epoch,
-        "data/world_seed": source.seed(step) if isinstance(source, WorldStream) else None,
+        "data/world_seed": source.seed(step),
         "data/pool": pool,
         "data/trained": [result.trees[i].prompt_id for i in result.train_indices],
     }
@@ -551,7 +553,7 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
                 corpus.make_env(config.task.env),
                 ids,
                 run.codec,
-                temperature=config.eval.temperature,
+                temperature=config.eval.temperature_for(config.rollout),
                 n_samples=config.eval.n_samples,
                 max_new_tokens=config.rollout.max_new_tokens,
                 seed=config.seed + 7919 * step,
@@ -606,8 +608,10 @@ def _finish(run: Run, progress: Progress, last: dict[str, Any], wall_start: floa
         run.tokenizer.save_pretrained(policy_dir)
         task = run.config.task
         synthetic = task.source != "file"  # a file's questions carry no world
-        task.env.protocol(
-            task.world_seed if synthetic else None, task.world if synthetic else None
+        PolicyProtocol.of(
+            task.env,
+            world_seed=task.world_seed if synthetic else None,
+            world=task.world if synthetic else None,
         ).write(policy_dir)
     # against the start policy as saved, not a copy taken at start: a resumed run has none
     displacement = parameter_distance(policy_parameters(run.config.policy), weights)
@@ -640,14 +644,14 @@ def _finish(run: Run, progress: Progress, last: dict[str, Any], wall_start: floa
 
 def _log_size(run: Run, progress: Progress) -> None:
     """The run's size, before the first step (nanoGPT)."""
-    config = run.config
+    config, fixed = run.config, run.tasks.train.fixed_ids
     log.info(
         "policy %s: %s parameters | train questions: %s | held-out questions: %s | allocator %s | "
         "budget %s "
         "per step over a pool of %d prompts | steps %d-%d | total budget %s %s | rank %d of %d",
         config.policy,
         f"{run.n_params:,}",
-        "a fresh world per step" if not run.tasks.fixed_ids else len(run.tasks.fixed_ids),
+        "a fresh world per step" if fixed is None else len(fixed),
         ", ".join(f"{name} {run.tasks.n_eval(name)}" for name in run.tasks.eval) or "no",
         repr(run.allocator),
         f"{config.budget.per_step:,} {config.budget.currency}",
@@ -872,8 +876,10 @@ def _check_policy_task(config: TrainConfig) -> None:
     if not path.is_file():
         return  # any other transformers model: the task flags are the user's call
     recorded = json.loads(path.read_text(encoding="utf-8"))["config"]
+    # the env settings a policy plays by (its reward or retrieval deadline may differ)
+    recorded["env"] = env_fields(SearchQAConfig(**recorded["env"]))
     ours = config.task
-    expected: dict[str, Any] = {"env": dataclasses.asdict(ours.env)}
+    expected: dict[str, Any] = {"env": env_fields(ours.env)}
     if ours.source != "file":  # a file's questions are the user's call; the env must match
         expected |= {
             "world_seed": ours.world_seed,

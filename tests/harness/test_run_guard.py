@@ -6,6 +6,7 @@ that answers step 1 and is shut down after it, as a retriever node that dies mid
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import socket
@@ -17,7 +18,7 @@ import pytest
 
 from envs import World
 from harness.errors import HarnessError, RunAborted
-from harness.tiny_policy import EnvSettings
+from harness.tiny_policy import tiny_env_config
 from harness.tiny_policy.config import TinyPolicyConfig
 from harness.training.config import AbortConfig, BudgetConfig, TaskConfig, TrainConfig
 from harness.training.metrics_log import read_metrics
@@ -84,7 +85,7 @@ def config(run_dir: Path, questions: Path, policy: Path, url: str, steps: int) -
             source="file",
             train_file=questions,
             index=url,
-            env=EnvSettings(max_turns=3, top_k=2, max_doc_chars=240),
+            env=dataclasses.replace(tiny_env_config(), max_turns=3, top_k=2, max_doc_chars=240),
         ),
         budget=BudgetConfig(per_step=4, pool_size=2),
         abort=AbortConfig(failed_share=0.5, steps=2),

@@ -7,6 +7,7 @@ import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,9 +22,17 @@ from envs import (
 )
 from harness.errors import HarnessError
 from harness.rollout.episodes import question_kind
-from harness.tiny_policy import EnvSettings
+from harness.tiny_policy import tiny_env_config
 from harness.training.config import TaskConfig, TrainConfig
-from harness.training.task_sources import WorldStream, build_tasks, eval_set, fact_disjoint_set
+from harness.training.task_sources import (
+    TaskCorpus,
+    TaskSource,
+    WorldStream,
+    build_tasks,
+    eval_set,
+    fact_disjoint_set,
+    sample_pool,
+)
 from retrieval.bm25 import BM25Retriever
 
 WORLD = WorldConfig(
@@ -38,7 +47,7 @@ WORLD = WorldConfig(
     questions_per_kind=4,
     sentences_per_doc=1,
 )
-ENV = EnvSettings(max_turns=4, top_k=2, max_doc_chars=200)
+ENV = dataclasses.replace(tiny_env_config(), max_turns=4, top_k=2, max_doc_chars=200)
 TASK = TaskConfig(world=WORLD, env=ENV)
 
 
@@ -139,15 +148,37 @@ def test_the_decoy_asks_training_questions_over_another_worlds_documents():
 def test_a_world_stream_gives_each_step_a_fresh_world_and_a_seeded_pool():
     tasks = build_tasks(dataclasses.replace(TASK, source="stream", stream_first_seed=500), ())
     stream = tasks.train
-    assert isinstance(stream, WorldStream) and tasks.fixed_ids == ()
+    assert isinstance(stream, WorldStream) and stream.fixed_ids is None
     one, two = stream.corpus(1), stream.corpus(2)
     assert (one.name, two.name) == ("world 500", "world 501")
     assert not set(one.tasks.ids) & set(two.tasks.ids)  # ids name their world
     assert one.retriever.index_id != two.retriever.index_id
-    pool = WorldStream.pool(one, 5, seed=0, step=1)
+    pool = sample_pool(one, 5, seed=0, step=1)
     assert len(set(pool)) == 5 and set(pool) <= set(one.tasks.ids)
-    assert pool == WorldStream.pool(stream.corpus(1), 5, seed=0, step=1)  # resumable
-    assert pool != WorldStream.pool(one, 5, seed=1, step=1)
+    assert pool == sample_pool(stream.corpus(1), 5, seed=0, step=1)  # resumable
+    assert pool != sample_pool(one, 5, seed=1, step=1)
+
+
+def _what_a_step_reads(source: TaskSource, step: int) -> tuple[Any, str, int | None]:
+    """The protocol's view of one step, as the trainer reads it."""
+    return source.fixed_ids, source.corpus(step).name, source.seed(step)
+
+
+def test_a_fixed_set_is_a_task_source_with_the_same_questions_every_step():
+    tasks = build_tasks(TASK, ())
+    source = tasks.train
+    assert isinstance(source, TaskCorpus)
+    ids = World.generate(TASK.world_seed, WORLD).split().train.ids
+    assert _what_a_step_reads(source, 1) == (ids, source.name, None)
+    assert _what_a_step_reads(source, 7) == _what_a_step_reads(source, 1)
+    assert source.corpus(3) is source  # one env serves the whole run
+
+
+def test_a_world_stream_is_a_task_source_with_a_world_per_step():
+    source: TaskSource = WorldStream(300, WORLD)
+    assert _what_a_step_reads(source, 1) == (None, "world 300", 300)
+    assert _what_a_step_reads(source, 5) == (None, "world 304", 304)
+    assert source.corpus(5).tasks.ids[0].startswith("w304/")
 
 
 def test_a_stream_that_would_train_on_a_held_out_world_is_refused():

@@ -16,8 +16,8 @@ import torch
 
 from envs import World, WorldConfig
 from harness.errors import ResumeError
-from harness.policies.policy_protocol import PROTOCOL_FILE, read_policy_protocol
-from harness.tiny_policy import EnvSettings
+from harness.policies.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
+from harness.tiny_policy import tiny_env_config
 from harness.training.checkpoint import policy_distance
 from harness.training.config import (
     AllocConfig,
@@ -48,7 +48,7 @@ WORLD = WorldConfig(
     sentences_per_doc=1,
     max_hops=2,
 )
-ENV = EnvSettings(max_turns=3, top_k=1, max_doc_chars=100)
+ENV = dataclasses.replace(tiny_env_config(), max_turns=3, top_k=1, max_doc_chars=100)
 
 
 @pytest.fixture(scope="module")
@@ -346,8 +346,8 @@ def test_a_short_run_logs_every_metric_checkpoints_and_plots(tmp_path, policy_di
     )
     assert summary.movement["policy/displacement"] > 0
     protocol = (summary.policy_dir / PROTOCOL_FILE).read_text()  # the env it was trained in
-    assert read_policy_protocol(summary.policy_dir) == config.task.env.protocol(
-        config.task.world_seed, config.task.world
+    assert read_policy_protocol(summary.policy_dir) == PolicyProtocol.of(
+        config.task.env, world_seed=config.task.world_seed, world=config.task.world
     ), protocol
     assert (config.run_dir / "checkpoints" / "step_000002" / "model.pt").exists()
     assert list((config.run_dir / "tensorboard").iterdir())

@@ -236,7 +236,7 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
     expected = pad_to_multiple(
         experiences_from_leaves(
             kept,
-            [a for a in tree_advantages(kept, config.advantage) if a.has_signal],
+            [a for a in tree_advantages(kept, config.loss.advantage) if a.has_signal],
             max_len=512,
             prompts=["p"] * len(kept),
             labels=["l"] * len(kept),
