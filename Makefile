@@ -50,6 +50,9 @@ $(CPU_STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps openrlhf==0.11.2
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec
 	$(PIP) install -q --no-deps $(PEER_CLIENTS)
+# DeepSpeed's CPU shared-memory comm op, which its CPU accelerator would JIT-build on first use
+# (minutes, inside a test): built once here, into torch's extension cache (~/.cache/torch_extensions)
+	$(PY) -c "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()"
 	touch $(CPU_STAMP)
 
 install-gpu: $(GPU_STAMP)
@@ -86,9 +89,12 @@ run: $(STAMP)
 	$(VENV)/bin/tracerl demo --run-dir $(RUN_DIR)
 
 # What CI runs (.ci/run): lint and format, types, then the tests and every package's doctests
-# (docs/style.md §4). The first failure stops it.
+# (docs/style.md §4), slow ones included. The first failure stops it. The tests run on every core
+# (pytest-xdist; tests/conftest.py keeps tests that share a Ray session or a module's costly
+# fixture in one worker) and the 25 slowest are printed.
+PYTEST_PARALLEL ?= -n logical --dist loadgroup
 test: lint types
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

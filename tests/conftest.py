@@ -1,4 +1,5 @@
-"""Shared test configuration: Hypothesis profiles and the path to the shared real datasets."""
+"""Shared test configuration: Hypothesis profiles, the path to the shared real datasets, and how
+the suite shares the machine under xdist (tests/xdist_groups.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,25 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
+
+# the hook that puts tests sharing a costly thing in one xdist group (tests/xdist_groups.py)
+from xdist_groups import pytest_collection_modifyitems  # noqa: F401
 
 from envs import WorldConfig
 from harness import tiny_policy
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's torch gets its share of the cores, not all of them: two workers
+    with a thread per core each would oversubscribe the machine. Child processes inherit it."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is not None:
+        threads = max(1, len(os.sched_getaffinity(0)) // int(workers))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 # `ci` (default): derandomised and bounded; `thorough`: many more examples, for a local soak.
 settings.register_profile(

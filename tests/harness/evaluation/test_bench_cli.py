@@ -1,12 +1,9 @@
-"""`tracerl bench` smoke tests (CleanRL style: the real command in a subprocess)."""
+"""`tracerl bench` and `tracerl corpus`, called in-process as the CLI table does."""
 
 from __future__ import annotations
 
 import collections
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,23 +11,12 @@ import pytest
 from harness.evaluation.bench import bench, corpus
 
 
-def _tracerl(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "benchmarks.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=cwd,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-
-
 def test_bench_without_arguments_runs_the_scripted_agents_on_the_synthetic_world(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    proc = _tracerl(["bench"], tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "tracerl bench: overall" in proc.stdout
+    monkeypatch.chdir(tmp_path)  # the default --out is runs/bench, under the working directory
+    assert bench([]) == 0  # in-process; tests/harness/test_cli.py runs `tracerl bench` itself
+    assert "tracerl bench: overall" in capsys.readouterr().out
     out = tmp_path / "runs" / "bench"
     payload = json.loads((out / "report.json").read_text())
     oracle, naive = payload["reports"]
