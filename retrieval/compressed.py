@@ -142,7 +142,7 @@ class CompressConfig:
     """How `compress_flat_index` builds."""
 
     preset: Preset = "rabitqfs"
-    """the index family (`PRESETS`; docs/decisions.md, "Wiki-18 search speed and cold start",
+    """the index family (`PRESETS`; docs/decisions.md, "Wiki-18 on one CPU box",
     says why rabitqfs)"""
     nlist: int = 0
     """IVF cells; 0 picks n / 320 (65,536 for wiki-18), so that lists hold about 320 rows"""
@@ -617,8 +617,7 @@ class SearchLaw:
 
     nprobe = `nprobe_scale` · (N / 10⁶) ** `nprobe_power` and k_factor likewise, fitted by
     `benchmarks/perf/retrieval_scale.py` on its e5 stand-in (docs/decisions.md, "Wiki-18 on one
-    CPU box" and "Wiki-18 search speed and cold start"); beyond the largest N measured they are
-    extrapolations.
+    CPU box"); beyond the largest N measured they are extrapolations.
     """
 
     nprobe_scale: float

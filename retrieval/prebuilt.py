@@ -214,7 +214,7 @@ class PooledEncoder:
         self._batch_size = batch_size
         self._dim = int(model_config.hidden_size)
         # a signature, not a hash of every byte: a server's start reads 3 MiB of the model
-        # folder, not 440 MB (docs/decisions.md, "Wiki-18 search speed and cold start")
+        # folder, not 440 MB (docs/decisions.md, "Query encoder")
         self._fingerprint = hashlib.sha256(
             f"{model_signature(self._model_dir)}|{pooling}|{max_length}".encode()
             + (b"" if precision == "fp32" else f"|{precision}".encode())

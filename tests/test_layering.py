@@ -1,6 +1,6 @@
 """The import table of the packages and of benchmarks' rooms.
 
-Why the rooms: docs/decisions.md, "`benchmarks/` in three rooms"; the table: docs/style.md §2.1.
+Why the rooms: docs/decisions.md, "Rooms and layering"; the table: docs/style.md §2.1.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Code, docs and tests point at files (`docs/training.md`, `benchmarks/perf/env_fork.py`), at
 sections of the design and style pages (`docs/design.md §3`) and at decisions, by title
 (`docs/decisions.md, "One objective"`). A clone has nothing else, so each must exist here.
-Decisions are cited by title, never by number alone: numbers are assigned when branches merge.
+Decisions are cited by their exact title, never by number: numbers were assigned when branches
+merged and drifted, and a title that was folded into another entry must fail, not half-match.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ SECTION = re.compile(r"\b(design|style)\.md §(\d+(?:\.\d+)?)")
 DECISION_NUMBER = re.compile(r"\bD\d{1,2}\b")  # (ruff's D105 and the like have three digits)
 DECISION_TITLE = re.compile(r'decisions\.md\)?,?\s+"([^"]+)"((?:,?\s+and\s+"[^"]+")*)')
 MORE_TITLES = re.compile(r'"([^"]+)"')
-DECISION_HEADING = re.compile(r"^## D(\d+)\. (.+)$", re.M)
+DECISION_HEADING = re.compile(r"^## (.+)$", re.M)
 # files a run writes (`runs/x/report.md`, `OUT/report.md`, `experiment-NAME.md`): not references
 OUTPUT = re.compile(r"^(?:runs/|OUT/|run_dir/)|^report\.md$|NAME")
 # what no file may cite: pages that live outside the repository
@@ -64,9 +65,9 @@ def _sections(page: Path) -> set[str]:
     return set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", text, flags=re.M))
 
 
-def decision_titles(decisions_md: str) -> dict[int, str]:
-    """Number -> title of each `## Dnn. Title` heading."""
-    return {int(n): title.strip() for n, title in DECISION_HEADING.findall(decisions_md)}
+def decision_titles(decisions_md: str) -> list[str]:
+    """The title of each entry: every `## Title` heading, in order."""
+    return [title.strip() for title in DECISION_HEADING.findall(decisions_md)]
 
 
 def _flat(text: str) -> str:
@@ -75,7 +76,7 @@ def _flat(text: str) -> str:
 
 
 def reference_problems(
-    path: Path, text: str, *, root: Path, titles: dict[int, str], sections: dict[str, set[str]]
+    path: Path, text: str, *, root: Path, titles: list[str], sections: dict[str, set[str]]
 ) -> list[str]:
     """Every unresolvable reference in one file's text, as `file:line: what`."""
     rel = path.relative_to(root).as_posix()
@@ -111,11 +112,7 @@ def reference_problems(
         page, number = m.groups()
         if number not in sections[page]:
             problems.append(f"{where(m.start())}: docs/{page}.md has no section §{number}")
-    is_decisions = rel == "docs/decisions.md"
     for m in DECISION_NUMBER.finditer(text):
-        line_start = text.rfind("\n", 0, m.start()) + 1
-        if is_decisions and text.startswith("## ", line_start):
-            continue  # the headings themselves
         problems.append(
             f"{where(m.start())}: decision cited by number ({m.group(0)}); cite its title: "
             f'docs/decisions.md, "<title>"'
@@ -124,7 +121,7 @@ def reference_problems(
         cited = [m.group(1), *MORE_TITLES.findall(m.group(2) or "")]
         for title in cited:
             title = _flat(title)
-            if not any(t.startswith(title) for t in titles.values()):
+            if title not in titles:
                 problems.append(f"{where(m.start())}: no decision titled {title!r}")
     return problems
 
@@ -151,8 +148,9 @@ def test_every_reference_resolves_inside_the_repository(context: dict) -> None:
 
 
 def test_decision_headings_have_unique_titles(context: dict) -> None:
-    titles = list(context["titles"].values())
+    titles = context["titles"]
     assert len(titles) == len(set(titles)), titles
+    assert "Root solver" in titles and "Stage 2" in titles, titles  # the headings are read
 
 
 # --- the checker itself can fail -----------------------------------------------------------
@@ -188,7 +186,7 @@ def test_the_checker_sees_a_missing_section(tmp_path: Path, context: dict) -> No
 def test_the_checker_sees_decisions_cited_by_number_or_wrong_title(
     tmp_path: Path, context: dict
 ) -> None:
-    good = 'docs/decisions.md, "One objective"; decisions.md "Root solver" and "Prefix solver"'
+    good = 'docs/decisions.md, "One objective"; decisions.md "Root solver" and "Stage 2"'
     assert _check(tmp_path, good, context) == []
     assert _check(tmp_path, "as decided (docs/decisions.md D13)", context)
     problems = _check(tmp_path, 'docs/decisions.md, "The predictor forgets"', context)
@@ -196,5 +194,20 @@ def test_the_checker_sees_decisions_cited_by_number_or_wrong_title(
         "docs/x.md:1: no decision titled 'The predictor forgets'",
     ]
     # a title broken over two comment lines is read as one
-    wrapped = 'x  # docs/decisions.md, "The predictor\n    # remembers each question"'
+    wrapped = 'x  # docs/decisions.md, "Per-question\n    # memory"'
     assert _check(tmp_path, wrapped, context, name="harness/x.py") == []
+
+
+def test_the_checker_fails_on_a_stale_or_partial_title(tmp_path: Path, context: dict) -> None:
+    # titles of entries that were folded into topics, and a prefix of a live title
+    stale = [
+        "Budget density and Stage 2's placement",
+        "Stage 2's flip prediction",
+        "The predictor remembers each question",
+        "Stage",
+    ]
+    for title in stale:
+        text = f'x (docs/decisions.md, "{title}")'
+        assert _check(tmp_path, text, context) == [f"docs/x.md:1: no decision titled {title!r}"]
+    chained = 'decisions.md, "Root solver" and "Prefix solver"'
+    assert _check(tmp_path, chained, context) == ["docs/x.md:1: no decision titled 'Prefix solver'"]

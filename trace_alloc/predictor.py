@@ -1,7 +1,6 @@
 """The default success predictor Ṽψ: hashed n-grams into a small numpy MLP, trained online.
 
-Design (measured in `benchmarks/research/predictor_design.py`; docs/decisions.md, "Predictor
-architecture and input encoding"):
+Design (measured in `benchmarks/research/predictor_design.py`; docs/decisions.md, "Predictor"):
 
 - `HashedNgramFeaturizer` reads the *head* of a history (its first words: the question) and its
   *tail* (its last words: the latest turns) as word unigrams and bigrams, signed-hashed into a

@@ -138,8 +138,8 @@ class Args:
     """layers of the e5-shaped encoder timed (12 = e5-base-v2)"""
     cold_precision: Literal["fp32", "bf16", "int8", "int8-onnx", "onnx-fp32"] = "onnx-fp32"
     """the query encoder in the cold-start probe: onnx-fp32 is the served route (`tracerl index
-    export-encoder`, no torch in the server; docs/decisions.md, "A torch-free query encoder and
-    lists read on demand"), the others build the torch encoder from the model folder"""
+    export-encoder`, no torch in the server; docs/decisions.md, "Query encoder"), the others
+    build the torch encoder from the model folder"""
     cold_only: bool = False
     """measure only the cold start: build (or reuse) the default preset's index over
     max(sizes) rows with its fitted search settings, drop the page cache, probe, extrapolate"""
