@@ -147,7 +147,8 @@ class ExportEncoderCommand:
     """the transformers model folder (e5-base-v2, ...); unset: the packaged MiniLM"""
     precision: Literal["fp32", "int8"] = "fp32"
     """fp32 (agrees with torch's fp32 to rounding) or int8 (ONNX Runtime's dynamic
-    quantisation: faster, top-3 agreement with fp32 measured at 0.85 on MiniLM)"""
+    quantisation: faster, but its top-3 agreement with fp32 falls short on MiniLM;
+    benchmarks/RESULTS.md, "Wiki scale: compressed indexes against exact flat")"""
     overwrite: bool = False
     """replace an export already at --out"""
 
