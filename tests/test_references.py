@@ -179,7 +179,7 @@ def test_the_checker_sees_pages_outside_the_repository(tmp_path: Path, context: 
 
 def test_the_checker_sees_a_missing_section(tmp_path: Path, context: dict) -> None:
     assert _check(tmp_path, "the fork law (docs/design.md §3)", context) == []
-    problems = _check(tmp_path, "docs/design.md §9 and docs/style.md §2.9", context)
+    problems = _check(tmp_path, "docs/design.md §9 and docs/style.md §9.9", context)
     assert len(problems) == 2
 
 
