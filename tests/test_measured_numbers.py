@@ -2,7 +2,7 @@
 
 A figure measured on one machine on one day ("takes 0.3 s", "EM 0.54", "+0.22") ages: the code
 moves on and the comment keeps saying it. Measured figures live in benchmarks/RESULTS.md, with
-their command and date; a docstring or comment points there (`benchmarks/RESULTS.md, "Section"`).
+their command and date; a docstring or comment points there, to a section by its title.
 Defaults, limits, formulas and the outputs of doctest examples are not measurements and pass.
 """
 
@@ -99,8 +99,8 @@ def test_no_measured_figures_in_docstrings_or_comments() -> None:
     for path in _library_files():
         problems += measured_figures(path, path.read_text(encoding="utf-8"))
     assert not problems, (
-        f"{len(problems)} measured figures in code prose; point to benchmarks/RESULTS.md "
-        '("Section") instead:\n' + "\n".join(problems)
+        f"{len(problems)} measured figures in code prose; point to a section of "
+        "benchmarks/RESULTS.md instead:\n" + "\n".join(problems)
     )
 
 

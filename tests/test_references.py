@@ -33,6 +33,8 @@ SECTION = re.compile(r"\b(design|style)\.md §(\d+(?:\.\d+)?)")
 DECISION_NUMBER = re.compile(r"\bD\d{1,2}\b")  # (ruff's D105 and the like have three digits)
 DECISION_TITLE = re.compile(r'decisions\.md\)?,?\s+"([^"]+)"((?:,?\s+and\s+"[^"]+")*)')
 MORE_TITLES = re.compile(r'"([^"]+)"')
+# a section of the results page by (the start of) its heading, as `RESULTS.md, "Wiki scale"`
+RESULTS_TITLE = re.compile(r'RESULTS\.md\)?,?\s+"([^"]+)"((?:,?\s+and\s+"[^"]+")*)')
 DECISION_HEADING = re.compile(r"^## (.+)$", re.M)
 # files a run writes (`runs/x/report.md`, `OUT/report.md`, `experiment-NAME.md`): not references
 OUTPUT = re.compile(r"^(?:runs/|OUT/|run_dir/)|^report\.md$|NAME")
@@ -65,6 +67,11 @@ def _sections(page: Path) -> set[str]:
     return set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", text, flags=re.M))
 
 
+def results_sections(results_md: str) -> list[str]:
+    """The text of every heading of benchmarks/RESULTS.md, `#` marks stripped."""
+    return [h.strip() for h in re.findall(r"^#{1,4} (.+)$", results_md, flags=re.M)]
+
+
 def decision_titles(decisions_md: str) -> list[str]:
     """The title of each entry: every `## Title` heading, in order."""
     return [title.strip() for title in DECISION_HEADING.findall(decisions_md)]
@@ -76,7 +83,13 @@ def _flat(text: str) -> str:
 
 
 def reference_problems(
-    path: Path, text: str, *, root: Path, titles: list[str], sections: dict[str, set[str]]
+    path: Path,
+    text: str,
+    *,
+    root: Path,
+    titles: list[str],
+    sections: dict[str, set[str]],
+    results: list[str],
 ) -> list[str]:
     """Every unresolvable reference in one file's text, as `file:line: what`."""
     rel = path.relative_to(root).as_posix()
@@ -123,6 +136,11 @@ def reference_problems(
             title = _flat(title)
             if title not in titles:
                 problems.append(f"{where(m.start())}: no decision titled {title!r}")
+    for m in RESULTS_TITLE.finditer(text):
+        for title in [m.group(1), *MORE_TITLES.findall(m.group(2) or "")]:
+            title = _flat(title)
+            if not any(heading.startswith(title) for heading in results):
+                problems.append(f"{where(m.start())}: no section of RESULTS.md titled {title!r}")
     return problems
 
 
@@ -132,6 +150,9 @@ def context() -> dict:
     return {
         "root": ROOT,
         "titles": decision_titles(decisions),
+        "results": results_sections(
+            (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+        ),
         "sections": {
             "design": _sections(ROOT / "docs" / "design.md"),
             "style": _sections(ROOT / "docs" / "style.md"),
@@ -211,3 +232,10 @@ def test_the_checker_fails_on_a_stale_or_partial_title(tmp_path: Path, context: 
         assert _check(tmp_path, text, context) == [f"docs/x.md:1: no decision titled {title!r}"]
     chained = 'decisions.md, "Root solver" and "Prefix solver"'
     assert _check(tmp_path, chained, context) == ["docs/x.md:1: no decision titled 'Prefix solver'"]
+
+
+def test_the_checker_sees_a_missing_results_section(tmp_path: Path, context: dict) -> None:
+    good = 'benchmarks/RESULTS.md, "Predictor design" and "Allocation"'
+    assert _check(tmp_path, good, context) == []
+    problems = _check(tmp_path, 'x (benchmarks/RESULTS.md, "Issue 19: the old run")', context)
+    assert problems == ["docs/x.md:1: no section of RESULTS.md titled 'Issue 19: the old run'"]
