@@ -312,7 +312,7 @@ class SearchQAEnv(gym.Env[str, str]):
             retrieval_deadline_s=retrieval_deadline_s,
             on_other_index=on_other_index,
         )
-        # Text builds a per-character index (~1 ms); forks copy this template in O(1) instead.
+        # Text builds a per-character index (costly per env); forks copy this template instead.
         template = EnvText(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
         self._shared = _Shared(
             config=config, tasks=tasks, retriever=retriever, space_template=template

@@ -2,16 +2,15 @@
 
 On a CPU the query encoder, not a compressed index, sets a retrieval server's ceiling (an
 e5-base-v2 query costs about 2.8 GFLOP at 16 tokens), and torch sets its start: importing torch
-and transformers and building e5-base took 26 of a 30 s cold start (docs/decisions.md, "Wiki-18
-search speed and cold start"). Two routes here:
+and transformers and building e5-base took most of a cold start (benchmarks/RESULTS.md, "Wiki
+scale: search speed and cold start"; docs/decisions.md, "Query encoder"). Two routes here:
 
 - `int8_session`: exports the model once (torch's TorchScript-based ONNX exporter), quantises
   its MatMul weights to int8 (`onnxruntime.quantization.quantize_dynamic`) and caches the result
   under `cache_key`, so later starts only load it (`PooledEncoder(precision="int8-onnx")`);
 - `export_encoder` writes a folder (`tracerl index export-encoder`) that `OnnxEncoder` serves
   with onnxruntime and the `tokenizers` library only: a server process that never imports
-  torch or transformers (docs/decisions.md, "A torch-free query encoder and lists read on
-  demand").
+  torch or transformers (docs/decisions.md, "Query encoder").
 
 Both export `last_hidden_state` only; pooling (`pool`) and normalisation run in numpy.
 """

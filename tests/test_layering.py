@@ -5,7 +5,7 @@ Nothing names a higher floor: no import, and no `"module:function"` or `"package
 string (the form a command table or a lazy loader resolves). Inside `harness`, rooms with faces
 (`harness/<room>/__init__.py`) follow the same rule (`HARNESS_ROOMS`); `benchmarks` uses them
 only through their faces. The front door (`benchmarks.cli`, `benchmarks.demo`) sits on top:
-nothing imports it. Why: docs/style.md §2.1 and docs/design.md, "The house".
+nothing imports it. Why: docs/decisions.md, "Rooms and layering"; the table: docs/style.md §2.1.
 """
 
 from __future__ import annotations

@@ -163,8 +163,8 @@ class ExperimentConfig:
     """The RESULTS file whose experiment section is (re)written; None leaves it alone."""
     quick: bool = False
     """Reduced: TRACE, GRPO and DAPO, one seed, 6 steps of 32 leaves, no token series and no
-    ablations, 48 fresh-world questions, in OUT_DIR/quick; under 15 minutes with the tiny policy
-    cached."""
+    ablations, 48 fresh-world questions, in OUT_DIR/quick (its run time: benchmarks/RESULTS.md,
+    "Reduced run")."""
     progress: bool = True
     json: bool = False
     """Print one JSON object as the last line of stdout."""

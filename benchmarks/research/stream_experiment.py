@@ -89,8 +89,8 @@ class StreamExperimentConfig:
     run_dir: Path = Path("runs/stream_experiment")
     """One directory per run (`main-tokens-trace-lr1-s0`, ...), the start policy's evaluations."""
     steps: int = 20
-    """RL steps of every run (the demo takes 60, and gains 10 of its unseen-world points in the
-    first 20; 20 fit this box's time for the whole grid)."""
+    """RL steps of every run (the demo takes 60 and gains most of its unseen-world points early:
+    benchmarks/RESULTS.md, "The main job after issue 21"; 20 fit this box's time for the grid)."""
     eval_at: tuple[int, ...] = (10, 20)
     """Steps after which the main runs of `curve_arms` are evaluated on the test set (the last
     is `steps`, where every main run is)."""

@@ -710,7 +710,7 @@ def _hub_error_hint(repo: str, config: str | None, split: str) -> str:
 def _check_hub_reachable(repo: str, config: str | None, split: str) -> None:
     """Fail in seconds when the hub cannot be reached, rather than after `datasets`' retries.
 
-    Offline without HF_HUB_OFFLINE, `datasets` spends about 30 s in connection retries before
+    Offline without HF_HUB_OFFLINE, `datasets` spends many seconds in connection retries before
     it gives up; one TCP connect with a short timeout tells the same at once.
 
     Raises:

@@ -489,8 +489,8 @@ def call_sampling(sampling: SamplingParams, call: int) -> SamplingParams:
     """`sampling` for an agent's `call`-th batch: a seed of its own, derived from the run's.
 
     A backend seeded with one value on every call draws the same random numbers for the same
-    batch position on every turn, so a T > 0 run would not sample independently (two seeds'
-    EM on the shipped warm start differed by 0.11 that way). None stays None.
+    batch position on every turn, so a T > 0 run would not sample independently (it moved
+    the shipped warm start's EM well beyond sampling noise). None stays None.
     """
     if sampling.seed is None:
         return sampling

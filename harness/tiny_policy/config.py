@@ -271,8 +271,8 @@ class InitModelArgs:
     run_dir: Path = Path("runs/demo")
     """The policy goes to RUN_DIR/tiny_policy/policy (a standard transformers directory)."""
     force: bool = False
-    """Rebuild from scratch (15-25 min on 2 cores), even if a policy built from the same config
-    is cached there or shipped with the package."""
+    """Rebuild from scratch (its time: benchmarks/RESULTS.md, "Tiny policy"), even if a policy
+    built from the same config is cached there or shipped with the package."""
     progress: bool = True
     """Draw progress bars on stderr."""
     policy: TinyPolicyConfig = field(default_factory=TinyPolicyConfig)

@@ -16,11 +16,11 @@ Layout under `run_dir/tiny_policy/`:
 Both are written to a temporary directory first and renamed into place, so an interrupted run
 never leaves a half-written cache behind.
 
-The default recipe's warm start is also shipped with the package (`SHIPPED_DIR`): building it
-takes 15-25 minutes on 2 cores, which would leave `make run` no time for RL. When the config
-hash of the request matches the shipped record, `init_model` copies the shipped files into the
-run directory instead of training; `force=True` (`tracerl init-model --force`) always rebuilds
-from scratch.
+The default recipe's warm start is also shipped with the package (`SHIPPED_DIR`): building it takes
+longer than all of `make run` on 2 cores (benchmarks/RESULTS.md, "Tiny policy"). When the config
+hash of the request matches the shipped record, `init_model` copies the shipped files into the run
+directory instead of training; `force=True` (`tracerl init-model --force`) always rebuilds from
+scratch.
 """
 
 from __future__ import annotations

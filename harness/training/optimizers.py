@@ -11,8 +11,8 @@ micro-batches with `backward`, and apply one update with `step`:
   torchrun group (DeepSpeed averages the gradients and partitions optimizer state, gradients
   and, at stage 3, the weights across the ranks). A client torch optimizer avoids the
   multi-minute JIT build of DeepSpeed's fused CPU Adam; DeepSpeed's CPU accelerator still
-  JIT-builds its shared-memory comm op on first use (about a minute on 2 cores, cached in
-  `~/.cache/torch_extensions`; docs/design.md §5).
+  JIT-builds its shared-memory comm op on first use (cached in `~/.cache/torch_extensions`; its
+  cost: docs/design.md §5).
 
 Gradients are *averaged* over ranks, as in DDP and DeepSpeed; the trainer multiplies its loss by
 the world size (OpenRLHF's `dp_size`) so that the averaged gradient is the global token mean's.

@@ -70,7 +70,7 @@ def test_every_field_of_every_allocator_is_a_flag_of_both_trainers(cls):
 
 def test_tracerl_train_sets_trace_min_per_prompt_prefer_unmixed_and_the_flip_floor():
     # pooling is off unless asked for; the flip floor is on, over the posterior on the tree's
-    # own outcomes (docs/decisions.md, "Stage 2's flip prediction")
+    # own outcomes (docs/decisions.md, "Stage 2")
     default = tyro.cli(TrainConfig, args=["--alloc.name", "trace"]).alloc.build()
     assert default.prefer_unmixed is False
     assert default.min_flip_prob == 0.2 and default.prefix_prior == 1.0
