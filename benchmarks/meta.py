@@ -51,12 +51,19 @@ def machine_description(note: str = "") -> str:
     return f"{text}; {note}" if note else text
 
 
-def write_record(path: Path, result: dict[str, Any], *, command: str, **fields: str) -> None:
+def write_record(
+    path: Path,
+    result: dict[str, Any],
+    *,
+    command: str,
+    notes: list[str] | None = None,
+    **fields: str,
+) -> None:
     """Write `result` (a benchmark's `--json` object) as a record that RESULTS.md renders.
 
     The record holds the command line, the date, the machine and the commit beside the figures;
-    `fields` adds the rendering's `section`, `title`, `measures` and `machine` (docs/style.md
-    §2.8; `python -m benchmarks.records`).
+    `fields` adds the rendering's `section`, `title`, `measures` and `machine`, `notes` the prose
+    a reader needs beside the figures (docs/style.md §2.8; `python -m benchmarks.records`).
     """
     meta = run_meta()
     record = {
@@ -67,6 +74,7 @@ def write_record(path: Path, result: dict[str, Any], *, command: str, **fields: 
         "commit": meta["commit"],
         "provenance": "written by `python -m benchmarks.records run` from the command's --json",
         **fields,
+        "notes": notes or [],
         "result": result,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
