@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["run"]:
         parser = argparse.ArgumentParser(prog="python -m benchmarks.records run")
-        parser.add_argument("out", type=Path, help="the record to write: benchmarks/results/X.json")
+        parser.add_argument("out", type=Path, help="the record (JSON)")
         parser.add_argument("--section", required=True, choices=SECTIONS)
         parser.add_argument("--title", required=True)
         parser.add_argument("--measures", default="", help="default: the module docstring's line")

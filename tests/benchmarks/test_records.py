@@ -59,7 +59,7 @@ def test_a_record_renders_its_command_date_machine_commit_table_and_notes(tmp_pa
         ({"section": "Elsewhere"}, "section 'Elsewhere' is not one of"),
         ({"tables": [{"columns": ["a", "b"], "rows": [["1"]]}]}, "tables[0].rows[0] has not 2"),
         ({"tables": [{"columns": ["a"], "align": "x", "rows": []}]}, "tables[0].align"),
-        ({"include": "absent.md"}, "absent.md, which is not beside the record"),
+        ({"include": "absent.txt"}, "absent.txt, which is not beside the record"),
         ({"notes": "one string"}, "`notes` must be a list of strings"),
     ],
 )
