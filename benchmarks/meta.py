@@ -72,7 +72,7 @@ def write_record(
         "date": meta["date"],
         "machine": machine_description(),
         "commit": meta["commit"],
-        "provenance": "written by `python -m benchmarks.records run` from the command's --json",
+        "provenance": "written by `benchmarks.records run`",
         **fields,
         "notes": notes or [],
         "result": result,

@@ -10,8 +10,9 @@ benchmark's own `--json` object under `result`), and the command, date, machine 
 produced them (`provenance` says how the record came to be, e.g. transcribed from an older
 RESULTS.md). `run` is the one way to turn a benchmark's `--json` line into a record
 (`benchmarks.meta.write_record`). A record may instead `include` a markdown file beside it that
-the benchmark writes from its own raw JSON (the experiments do). Nobody edits RESULTS.md by hand:
-a test compares it with this module's output.
+the benchmark writes from its own raw JSON (the experiments do). A record with `superseded_by`
+keeps an older run's figures in the repository; RESULTS.md names it and shows what holds today.
+Nobody edits RESULTS.md by hand: a test compares it with this module's output.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class Record:
     tables: tuple[Table, ...]
     notes: tuple[str, ...]
     include: Path | None
+    superseded_by: str
 
 
 def _fail(path: Path, message: str) -> RecordError:
@@ -157,6 +159,7 @@ def load_record(path: Path) -> Record:
         tables=tuple(tables),
         notes=tuple(notes),
         include=None if include is None else path.parent / include,
+        superseded_by=str(data.get("superseded_by", "")),
     )
 
 
@@ -281,7 +284,15 @@ def render(records: Sequence[Record]) -> str:
             continue
         lines += [f"## {section}", ""]
         for record in chosen:
-            lines += render_record(record)
+            if not record.superseded_by:
+                lines += render_record(record)
+        # older runs keep their figures in their records; RESULTS.md shows what holds today
+        old = [f"`{r.path.name}` ({r.date})" for r in chosen if r.superseded_by]
+        if old:
+            lines += [
+                *_wrap("Older runs, superseded (figures in their records): " + ", ".join(old)),
+                "",
+            ]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

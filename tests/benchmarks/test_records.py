@@ -127,3 +127,12 @@ def test_run_refuses_a_command_whose_last_line_is_not_json(tmp_path: Path) -> No
     assert main([*args, "--", sys.executable, "-c", "print('no json')"]) == 1
     assert main([*args, "--", sys.executable, "-c", "import sys; sys.exit(3)"]) == 3
     assert not out.exists()
+
+
+def test_a_superseded_record_is_named_but_its_figures_stay_in_the_record(tmp_path: Path) -> None:
+    old = RECORD | {"title": "Old run", "superseded_by": "new.json", "notes": ["Old prose."]}
+    pairs = (("new.json", RECORD), ("old.json", old))
+    text = render([load_record(write(tmp_path / name, data)) for name, data in pairs])
+    assert "### A benchmark" in text and "### Old run" not in text and "Old prose." not in text
+    flat = " ".join(text.split())
+    assert "Older runs, superseded (figures in their records): `old.json` (2026-12-02)" in flat
