@@ -178,14 +178,13 @@ def _is_figure(value: Any) -> bool:
     return not (isinstance(value, str) and ("\n" in value or len(value) > 100))
 
 
-def _is_grid(value: Any) -> bool:
-    """A dict of two or more dicts of plain values with the same keys: rows of one table."""
-    if not isinstance(value, dict) or len(value) < 2:
-        return False
-    inner = list(value.values())
-    return all(isinstance(v, dict) and v and list(v) == list(inner[0]) for v in inner) and all(
-        not isinstance(x, dict | list) for v in inner for x in v.values()
-    )
+def _grid(value: dict[str, Any]) -> list[str]:
+    """Keys of the children that are flat dicts with the same keys: the rows of one table."""
+    flat = [k for k, v in value.items()
+            if isinstance(v, dict) and v and not any(isinstance(x, dict | list)
+                                                     for x in v.values())]  # fmt: skip
+    same = [k for k in flat if list(value[k]) == list(value[flat[0]])] if flat else []
+    return same if len(same) >= 2 else []
 
 
 def _result_tables(result: dict[str, Any]) -> list[Table]:
@@ -194,14 +193,15 @@ def _result_tables(result: dict[str, Any]) -> list[Table]:
     scalars: list[tuple[str, ...]] = []
 
     def walk(prefix: str, value: Any) -> None:
-        if _is_grid(value):  # {"gem": {"episodes": 5, ...}, "skyrl-gym": {...}}: one table
-            first = next(iter(value.values()))
-            columns = [c for c in first if all(_is_figure(v[c]) for v in value.values())]
-            rows = tuple((k, *(_cell(v[c]) for c in columns)) for k, v in value.items())
-            tables.append(Table(caption="", columns=(f"`{prefix}`", *columns),
-                                align="l" + "r" * len(columns), rows=rows))  # fmt: skip
-        elif isinstance(value, dict):
-            for key in sorted(value):
+        if isinstance(value, dict):
+            # {"gem": {"episodes": 5, ...}, "skyrl-gym": {...}}: one table, a row each
+            if grid := _grid(value):
+                first = value[grid[0]]
+                columns = [c for c in first if all(_is_figure(value[k][c]) for k in grid)]
+                rows = tuple((k, *(_cell(value[k][c]) for c in columns)) for k in grid)
+                tables.append(Table(caption="", columns=(f"`{prefix}`" if prefix else "", *columns),
+                                    align="l" + "r" * len(columns), rows=rows))  # fmt: skip
+            for key in sorted(set(value) - set(grid)):
                 walk(f"{prefix}.{key}" if prefix else str(key), value[key])
         elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
             keys = dict.fromkeys(k for row in value for k in row)

@@ -103,7 +103,12 @@ def test_run_writes_a_benchmark_s_json_line_as_a_record_and_keeps_its_notes(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "x.json"
-    figures = {"rows": [{"depth": 1, "us": 2.5}], "ratio": 3.0, "sample": "a\nb"}
+    figures = {
+        "rows": [{"depth": 1, "us": 2.5}],
+        "ratio": 3.0,
+        "sample": "a\nb",
+        "modes": {"batched": {"s": 1.5}, "serial": {"s": 9.0}},
+    }
     bench = f"import json; print('table'); print(json.dumps({figures!r}))"
     args = ["run", str(out), "--section", "Retrieval", "--title", "X", "--measures", "Speed."]
     assert main([*args, "--", sys.executable, "-c", bench]) == 0
@@ -114,6 +119,7 @@ def test_run_writes_a_benchmark_s_json_line_as_a_record_and_keeps_its_notes(
     assert "CPUs" in record["machine"]
     text = render([load_record(out)])
     assert "| depth | us |\n|---:|---:|\n| 1 | 2.5 |" in text and "| `ratio` | 3 |" in text
+    assert "| `modes` | s |\n|---|---:|\n| batched | 1.5 |\n| serial | 9 |" in text
     assert "a\nb" not in text  # a text sample stays in the record, out of the tables
     record["notes"] = ["Why the ratio is what it is."]
     write(out, record)
