@@ -268,7 +268,10 @@ def render_record(record: Record) -> list[str]:
     for table in record.tables:
         lines += _render_table(table)
     if record.include is not None:
-        lines += [record.include.read_text(encoding="utf-8").strip(), ""]
+        # the benchmark's own markdown; its headings would break this page's outline
+        text = record.include.read_text(encoding="utf-8").strip().splitlines()
+        lines += [f"**{ln.lstrip('#').strip()}**" if ln.startswith("#") else ln for ln in text]
+        lines.append("")
     for note in record.notes:
         lines += [*_wrap(note), ""]
     return lines
@@ -325,6 +328,10 @@ def run_and_record(out: Path, command: Sequence[str], fields: dict[str, str]) ->
         return 1
     # a rerun keeps the prose written beside the last run's figures; check it still holds
     old = json.loads(out.read_text(encoding="utf-8")) if out.is_file() else {}
+    if out.is_file() and "title" not in old:  # a benchmark's raw output, not a record
+        print(f"records run: {out} exists and is not a record; choose another name",
+              file=sys.stderr)  # fmt: skip
+        return 1
     write_record(out, result, command=shlex.join(command), notes=old.get("notes"), **fields)
     print(f"record written: {out}", file=sys.stderr)
     return 0

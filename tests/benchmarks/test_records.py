@@ -142,3 +142,16 @@ def test_a_superseded_record_is_named_but_its_figures_stay_in_the_record(tmp_pat
     assert "### A benchmark" in text and "### Old run" not in text and "Old prose." not in text
     flat = " ".join(text.split())
     assert "Older runs, superseded (figures in their records): `old.json` (2026-12-02)" in flat
+
+
+def test_run_never_overwrites_a_benchmark_s_raw_output(tmp_path: Path) -> None:
+    raw = write(tmp_path / "experiment-x.json", {"schema_version": 1, "cells": {}})
+    args = ["run", str(raw), "--section", "Retrieval", "--title", "X", "--measures", "Speed."]
+    assert main([*args, "--", sys.executable, "-c", "print('{}')"]) == 1
+    assert json.loads(raw.read_text(encoding="utf-8")) == {"schema_version": 1, "cells": {}}
+
+
+def test_an_included_markdown_s_headings_become_bold_lines(tmp_path: Path) -> None:
+    (tmp_path / "run-NAME.md").write_text("# The run\n\n| a |\n|---|\n| 1 |\n", encoding="utf-8")
+    text = render([load_record(write(tmp_path / "a.json", RECORD | {"include": "run-NAME.md"}))])
+    assert "**The run**\n\n| a |" in text and "\n# The run" not in text
