@@ -24,7 +24,7 @@ export TOKENIZERS_PARALLELISM := false
 # puts there) only on PATH, or flash-attn builds serially and DeepSpeed's FusedAdam not at all.
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
-.PHONY: install install-gpu run test lint types format clean
+.PHONY: install install-gpu run test lint types format results clean
 
 install: $(CPU_STAMP)
 
@@ -103,6 +103,10 @@ lint: $(STAMP)
 # mypy, configured in pyproject.toml: strict on envs, retrieval and trace_alloc
 types: $(STAMP)
 	$(PY) -m mypy
+
+# benchmarks/RESULTS.md from the records in benchmarks/results/ (docs/style.md §2.8)
+results: $(STAMP)
+	$(PY) -m benchmarks.records
 
 format: $(STAMP)
 	$(VENV)/bin/ruff format .

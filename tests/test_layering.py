@@ -47,6 +47,8 @@ ROOMS: dict[str, set[str]] = {
     "benchmarks.perf": {"benchmarks.perf", "benchmarks.meta"},
     "benchmarks.research": {"benchmarks.research", "benchmarks.meta"},
     "benchmarks.meta": set(),
+    # RESULTS.md from the records (benchmarks/results/*.json); writes them with benchmarks.meta
+    "benchmarks.records": {"benchmarks.meta"},
     # the old command `python -m benchmarks.experiment` (CHANGELOG.md): an alias, nothing more
     "benchmarks.experiment": {"benchmarks.experiment", "benchmarks.research"},
     # the front door: the `tracerl` table and the main job's command

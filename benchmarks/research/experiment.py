@@ -20,8 +20,8 @@ stream:
 - **outputs**: sampled EM and F1 (mean, spread, paired differences against GRPO), the
   effective ratio, mixed anchors per step, the predictor's calibration, the budget in each
   currency and the wall time; `experiment-NAME.json`, `experiment-NAME.md` and
-  `experiment-NAME.png` in `--results-dir`, and the section between
-  `<!-- experiment:NAME -->` markers in `--results-md`.
+  `experiment-NAME.png` in `--results-dir` (a record there includes the .md in RESULTS.md:
+  `python -m benchmarks.records`).
 
 Every run lives in its own directory under `--out-dir`; its evaluations are cached next to it.
 Rerunning the command resumes: finished runs and evaluations are read back, and a killed run
@@ -82,7 +82,7 @@ class ExperimentConfig:
     """`python -m benchmarks.research.experiment`: TRACE vs the baselines at equal cost."""
 
     name: str = "full"
-    """Names the results files and the RESULTS.md section."""
+    """Names the results files (`experiment-NAME.{json,md,png}`; a record includes the .md)."""
     out_dir: Path = Path("runs/experiment")
     """Run directories (one per method, series, seed) and the cached evaluations."""
     policy_run_dir: Path = Path("runs/demo")
@@ -159,8 +159,6 @@ class ExperimentConfig:
     workers: int = 1
     """Runs trained at once (processes; one torch thread each)."""
     results_dir: Path = Path("benchmarks/results")
-    results_md: Path | None = Path("benchmarks/RESULTS.md")
-    """The RESULTS file whose experiment section is (re)written; None leaves it alone."""
     quick: bool = False
     """Reduced: TRACE, GRPO and DAPO, one seed, 6 steps of 32 leaves, no token series and no
     ablations, 48 fresh-world questions, in OUT_DIR/quick (its run time: benchmarks/RESULTS.md,
@@ -1115,19 +1113,6 @@ def _markdown(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def _write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the text between this experiment's markers in RESULTS.md."""
-    begin, end = f"<!-- experiment:{name} -->", f"<!-- /experiment:{name} -->"
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    block = f"{begin}\n{body}\n{end}"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + f"\n\n### Experiment run `{name}`\n\n{block}\n"
-    path.write_text(text, encoding="utf-8")
-
-
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -1269,9 +1254,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         shlex.quote(a) for a in sys.argv[1:] if a != "--json"
     )
     body = _markdown(result, command.strip())
+    # RESULTS.md is generated from the records (`make results`), never written here
     files["markdown"].write_text(body + "\n", encoding="utf-8")
-    if config.results_md is not None:
-        _write_section(config.results_md, config.name, body)
     return result
 
 

@@ -704,7 +704,7 @@ def _markdown(result: Mapping[str, Any], command: str) -> str:
             lines.append(f"| {name} | {d['mean']:+.1f} | [{d['low']:+.1f}, {d['high']:+.1f}] "
                          f"(n = {d['n']}) |")  # fmt: skip
     lines += ["", "| arm | seeds | unseen EM (curve) | fact-disjoint | decoy | tokens | "
-              "optimizer steps | mean |dθ| | |θ_end − θ_start| | effective ratio |",
+              "optimizer steps | mean ‖Δθ‖ | ‖θ_end − θ_start‖ | effective ratio |",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
     def f(x: Any, digits: int = 1) -> str:
