@@ -148,7 +148,7 @@ class ExportEncoderCommand:
     precision: Literal["fp32", "int8"] = "fp32"
     """fp32 (agrees with torch's fp32 to rounding) or int8 (ONNX Runtime's dynamic
     quantisation: faster, but its top-3 agreement with fp32 falls short on MiniLM;
-    benchmarks/RESULTS.md, "Wiki scale: compressed indexes against exact flat")"""
+    benchmarks/RESULTS.md, "Wiki scale: search speed and memory")"""
     overwrite: bool = False
     """replace an export already at --out"""
 

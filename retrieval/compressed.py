@@ -149,7 +149,7 @@ class CompressConfig:
     train_per_list: int = 30
     """training rows per IVF cell (faiss's k-means wants 39 or more and warns below; 30 at
     wiki scale keeps the sample at 6 GB; the k-means time: benchmarks/RESULTS.md, "Wiki scale:
-    compressed indexes against exact flat")"""
+    search speed and memory")"""
     max_train: int = 2_000_000
     """cap on the training sample"""
     chunk_rows: int = 65_536
@@ -580,8 +580,8 @@ def rerank(
 
     faiss's `knn_inner_products_by_idx` / `knn_L2sqr_by_idx` score the candidates in C++ straight
     from the mapped rows, one OpenMP task per query: no gathered copy, several times faster than
-    numpy's gather and product (benchmarks/RESULTS.md, "Wiki scale: compressed indexes against exact
-    flat" and "Wiki scale: search speed and cold start"). Candidates are read up to a query's first
+    numpy's gather and product (benchmarks/RESULTS.md, "Wiki scale: search speed and memory").
+    Candidates are read up to a query's first
     -1 (faiss pads short result lists at the end).
 
     Returns:

@@ -98,8 +98,8 @@ def model_signature(model_dir: Path) -> str:
     tokenizer, vocabulary) and, of larger files (the weights), `file_fingerprint`: their size,
     first and last MiB. Like `model_fingerprint` it names the model by content, whatever the
     folder's path, but it reads a few MiB of a 440 MB e5-base folder instead of all of it
-    (hashing it all was a large part of a cold start: benchmarks/RESULTS.md, "Wiki scale: search
-    speed and cold start"; docs/decisions.md, "Query encoder"). Two weight files alike in size,
+    (hashing it all was a large part of a cold start: benchmarks/RESULTS.md, "Wiki scale: a cold
+    start without torch"; docs/decisions.md, "Query encoder"). Two weight files alike in size,
     header and last MiB get the same signature: it identifies a model, it does not prove its bytes
     (`model_fingerprint` does, for the indexes `DenseRetriever` builds).
     """

@@ -89,7 +89,7 @@ K_FACTOR = {
 }
 """The first k_factor tried (candidates re-ranked exactly per hit), by preset: 4-bit PQ needs
 many, RaBitQ and 3-4 bits/dim few (re-scoring only their own top 10, k_factor 1, caps recall at the
-codes' own: benchmarks/RESULTS.md, "Wiki scale: compressed indexes against exact flat"); presets not
+codes' own: benchmarks/RESULTS.md, "Wiki scale: search speed and memory"); presets not
 named here (8 bits/dim) re-score their own top 10. `FACTOR_STEPS` doublings of it are tried
 (`pick_factor`)."""
 FACTOR_STEPS = 4

@@ -162,7 +162,7 @@ class ExperimentConfig:
     quick: bool = False
     """Reduced: TRACE, GRPO and DAPO, one seed, 6 steps of 32 leaves, no token series and no
     ablations, 48 fresh-world questions, in OUT_DIR/quick (its run time: benchmarks/RESULTS.md,
-    "Reduced run")."""
+    "The reduced run")."""
     progress: bool = True
     json: bool = False
     """Print one JSON object as the last line of stdout."""

@@ -90,7 +90,8 @@ class StreamExperimentConfig:
     """One directory per run (`main-tokens-trace-lr1-s0`, ...), the start policy's evaluations."""
     steps: int = 20
     """RL steps of every run (the demo takes 60 and gains most of its unseen-world points early:
-    benchmarks/RESULTS.md, "The main job after issue 21"; 20 fit this box's time for the grid)."""
+    benchmarks/RESULTS.md, "The main job: `make run` from a fresh clone"; 20 fit this box's time
+    for the grid)."""
     eval_at: tuple[int, ...] = (10, 20)
     """Steps after which the main runs of `curve_arms` are evaluated on the test set (the last
     is `steps`, where every main run is)."""

@@ -15,7 +15,7 @@ def test_bench_without_arguments_runs_the_scripted_agents_on_the_synthetic_world
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.chdir(tmp_path)  # the default --out is runs/bench, under the working directory
-    assert bench([]) == 0  # in-process; tests/harness/test_cli.py runs `tracerl bench` itself
+    assert bench([]) == 0  # in-process; tests/benchmarks/test_cli.py runs `tracerl bench` itself
     assert "tracerl bench: overall" in capsys.readouterr().out
     out = tmp_path / "runs" / "bench"
     payload = json.loads((out / "report.json").read_text())
