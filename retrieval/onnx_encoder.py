@@ -2,7 +2,8 @@
 
 On a CPU the query encoder, not a compressed index, sets a retrieval server's ceiling (an
 e5-base-v2 query costs about 2.8 GFLOP at 16 tokens), and torch sets its start: importing torch
-and transformers and building e5-base took most of a cold start (benchmarks/RESULTS.md, "Wiki scale: a cold start without torch"; docs/decisions.md, "Query encoder"). Two routes here:
+and transformers and building e5-base took most of a cold start (benchmarks/RESULTS.md, "Wiki
+scale: a cold start without torch"; docs/decisions.md, "Query encoder"). Two routes here:
 
 - `int8_session`: exports the model once (torch's TorchScript-based ONNX exporter), quantises
   its MatMul weights to int8 (`onnxruntime.quantization.quantize_dynamic`) and caches the result
