@@ -9,6 +9,9 @@ Importing this package registers two environment ids (with the shared-memory gua
 Both are registered without `TimeLimit` (turn limits live in the env, inside its snapshots),
 `OrderEnforcing` and `PassiveEnvChecker` (both keep state a snapshot would miss; the env
 enforces order itself, and `check_env` runs in the tests).
+
+This face holds what a user calls; the text protocol (`envs.protocol`), the reward helpers
+(`envs.rewards`) and the snapshot internals (`envs.snapshot`) are imported from their modules.
 """
 
 import gymnasium as gym

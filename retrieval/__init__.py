@@ -1,6 +1,8 @@
 """Retrieval for search agents: the `Retriever` contract, BM25 and dense indexes, HTTP, caching.
 
 The server (`retrieval.server`, FastAPI) is not imported here; `tracerl serve-retriever` runs it.
+This face holds what a user calls; helpers (`retrieval.base.check_k`,
+`retrieval.corpus.corpus_hash`, `retrieval.deadline.deadline`, ...) come from their modules.
 """
 
 from retrieval.base import Document, Encoder, Hit, Retriever

@@ -3,6 +3,10 @@
 Pure numpy: no torch, files, sockets, logging or global RNG. Functions take arrays and
 dataclasses (plus a `np.random.Generator` when they sample) and return values with their
 diagnostics. See docs/trace_alloc.md.
+
+This face holds what a user calls; the rest is imported from its module: the solvers
+(`trace_alloc.solvers`), calibration reports, tree statistics and training examples
+(`trace_alloc.tree`), the allocator-writing types (`trace_alloc.base`).
 """
 
 from trace_alloc.advantages import tree_advantages
