@@ -121,7 +121,7 @@ class Predictor(Protocol):
         """Fit to targets V̂ in [0, 1]; returns training diagnostics.
 
         `weights` are the outcomes behind each target (leaf counts; 1 each if None) and
-        `is_root` flags the prompt roots (`trace_alloc.training_examples` gives both).
+        `is_root` flags the prompt roots (`trace_alloc.tree.training_examples` gives both).
         """
         ...
 

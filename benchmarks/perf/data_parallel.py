@@ -49,7 +49,7 @@ from harness.training import (
     openrlhf_losses,
     update_policy,
 )
-from trace_alloc import TokenAdvantages
+from trace_alloc.advantages import TokenAdvantages
 
 BACKENDS: dict[str, tuple[str, int]] = {
     "torch": ("torch", 0),

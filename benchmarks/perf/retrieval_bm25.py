@@ -28,7 +28,8 @@ import Stemmer
 import tyro
 
 from benchmarks.meta import run_meta
-from retrieval import BM25Retriever, Document, index_text
+from retrieval import BM25Retriever, Document
+from retrieval.corpus import index_text
 
 log = logging.getLogger(__name__)
 

@@ -35,16 +35,10 @@ from tqdm import tqdm
 from benchmarks.meta import run_meta
 from benchmarks.research.alloc_sim import Args as SimArgs
 from benchmarks.research.alloc_sim import SimExecutor, SimWorld
-from trace_alloc import (
-    BudgetLimit,
-    Featurizer,
-    HashedNgramFeaturizer,
-    MLPPredictor,
-    calibration_report,
-    make_allocator,
-    run_step,
-    training_examples,
-)
+from trace_alloc import BudgetLimit, HashedNgramFeaturizer, MLPPredictor, make_allocator, run_step
+from trace_alloc.base import Featurizer
+from trace_alloc.calibration import calibration_report
+from trace_alloc.tree import training_examples
 
 
 @dataclass

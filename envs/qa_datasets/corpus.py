@@ -25,7 +25,8 @@ from typing import Any
 from envs.qa_datasets.errors import NoParagraphsError
 from envs.qa_datasets.loaders import LoadedDataset
 from envs.tasks import QATask, TaskSet
-from retrieval import BM25Retriever, Document, corpus_hash, write_corpus
+from retrieval import BM25Retriever, Document, write_corpus
+from retrieval.corpus import corpus_hash
 
 __all__ = [
     "CORPUS_MANIFEST_NAME",
@@ -87,7 +88,7 @@ class CorpusBuild:
 
     @property
     def corpus_hash(self) -> str:
-        """`retrieval.corpus_hash` of the documents."""
+        """`retrieval.corpus.corpus_hash` of the documents."""
         return corpus_hash(self.documents)
 
     def manifest(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from envs import ScriptedPolicy
+from envs.base import ScriptedPolicy
 from envs.qa_datasets import DecompositionStep, LoadedDataset
 from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
 from harness.policies.base import STOP_STRINGS, PolicyBackend, SamplingParams

@@ -65,12 +65,8 @@ from harness.training.checkpoint import write_dir_atomic  # noqa: E402
 from harness.training.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.training.run_guard import check_retriever  # noqa: E402
 from retrieval.indexes import make_retriever  # noqa: E402
-from trace_alloc import (  # noqa: E402
-    BudgetLimit,
-    Spend,
-    StepResult,
-    learn_from_step,
-)
+from trace_alloc import BudgetLimit, StepResult, learn_from_step  # noqa: E402
+from trace_alloc.budget import Spend  # noqa: E402
 
 __all__ = ["STATE_SCHEMA_VERSION", "ChatTemplateCodec", "TreeSamplesGenerator"]
 

@@ -55,7 +55,6 @@ from trace_alloc import (
     Allocator,
     BudgetLimit,
     Executor,
-    LeafAdvantage,
     Predictor,
     Prompt,
     Rollout,
@@ -66,6 +65,7 @@ from trace_alloc import (
     run_step,
     tree_advantages,
 )
+from trace_alloc.advantages import LeafAdvantage
 
 __all__ = ["EngineStats", "RolloutError", "TreeRolloutEngine", "failed_leaves", "leaves_to_train"]
 

@@ -20,7 +20,7 @@ _WORD = re.compile(r"\S+")
 
 
 class MiniLMFeaturizer:
-    """Implements `trace_alloc.Featurizer`: [emb(head) ‖ emb(tail)], each L2-normalised / √2.
+    """Implements `trace_alloc.base.Featurizer`: [emb(head) ‖ emb(tail)], each L2-normalised / √2.
 
     Args:
         encoder: a loaded sentence encoder (default: the packaged MiniLM on CPU).

@@ -27,21 +27,19 @@ from envs import SearchQAConfig, WorldConfig
 from harness.errors import ResumeError
 from harness.tiny_policy.config import default_world_config, tiny_env_config
 from trace_alloc import (
-    ALLOCATORS,
     Allocator,
-    AllocatorName,
     ConstantPredictor,
     DynamicSampling,
     EntropyTree,
     HashedNgramFeaturizer,
     MemoryPredictor,
     MLPPredictor,
-    PromptPredictor,
     RandomTree,
     Trace,
     Uniform,
     make_allocator,
 )
+from trace_alloc.allocators import ALLOCATORS, AllocatorName, PromptPredictor
 
 __all__ = [
     "CONFIG_FILE",
@@ -164,7 +162,7 @@ class TaskConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class AllocatorSettings:
-    """Every allocator's own settings: one field per `trace_alloc.ALLOCATORS` entry."""
+    """Every allocator's own settings: one field per `trace_alloc.allocators.ALLOCATORS` entry."""
 
     trace: Trace = field(default_factory=Trace)
     """TRACE: Stage-1 roots, Stage-2 prefix continuations."""
@@ -198,7 +196,7 @@ class AllocConfig(AllocatorSettings):
     """
 
     name: AllocatorName = "trace"
-    """One of `trace_alloc.ALLOCATORS`: uniform (GRPO), dynamic_sampling (DAPO),
+    """One of `trace_alloc.allocators.ALLOCATORS`: uniform (GRPO), dynamic_sampling (DAPO),
     prompt_predictor, random_tree (Tree-GRPO), entropy_tree, trace."""
 
     def __post_init__(self) -> None:

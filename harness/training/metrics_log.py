@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from trace_alloc import LeafAdvantage, RolloutTree, StepResult
+    from trace_alloc import RolloutTree, StepResult
+    from trace_alloc.advantages import LeafAdvantage
     from trace_alloc.tree import Node, Turn
 
 __all__ = ["PANELS", "Continuation", "MetricsLog", "advantage_metrics", "continuations_of",

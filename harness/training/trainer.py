@@ -85,14 +85,8 @@ from harness.training.openrlhf_compat import openrlhf_losses
 from harness.training.optimizers import DeepSpeedOptimizer, make_optimizer
 from harness.training.run_guard import FailureStreak, check_retriever, failure_cause
 from harness.training.task_sources import Tasks, build_tasks, sample_pool
-from trace_alloc import (
-    Allocator,
-    BudgetLimit,
-    Predictor,
-    Spend,
-    StepResult,
-    learn_from_step,
-)
+from trace_alloc import Allocator, BudgetLimit, Predictor, StepResult, learn_from_step
+from trace_alloc.budget import Spend
 
 __all__ = ["DataCursor", "Tasks", "TrainSummary", "build_tasks", "resume", "set_up", "train",
            "trainable_weights", "update_policy"]  # fmt: skip

@@ -27,7 +27,8 @@ from harness.training.config import (
     load_config,
     renamed_flags,
 )
-from trace_alloc import ALLOCATORS, ConstantPredictor, MemoryPredictor, MLPPredictor, Trace
+from trace_alloc import ConstantPredictor, MemoryPredictor, MLPPredictor, Trace
+from trace_alloc.allocators import ALLOCATORS
 
 
 def test_every_allocator_has_its_own_dataclass_as_a_field():

@@ -19,14 +19,8 @@ from harness.policies import Completion, PolicyBackend, SamplingParams, Transfor
 from harness.rollout.engine import RolloutError, TreeRolloutEngine
 from harness.rollout.episodes import EpisodeCodec
 from retrieval.base import Document, Hit
-from trace_alloc import (
-    BudgetLimit,
-    RolloutRequest,
-    RolloutTree,
-    forest_stats,
-    make_allocator,
-    tree_advantages,
-)
+from trace_alloc import BudgetLimit, RolloutRequest, RolloutTree, make_allocator, tree_advantages
+from trace_alloc.tree import forest_stats
 
 # --- fakes ------------------------------------------------------------------------------------
 

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrieval import Document, IndexFormatError, corpus_hash, read_corpus, write_corpus
+from retrieval import Document, IndexFormatError, read_corpus, write_corpus
+from retrieval.corpus import corpus_hash
 
 titles = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"))
 texts = st.text(st.characters(blacklist_categories=("Cs",)))

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_alloc import Featurizer, MLPPredictor
+from trace_alloc import MLPPredictor
+from trace_alloc.base import Featurizer
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -28,7 +28,8 @@ from harness.training.config import AllocConfig
 from harness.training.metrics_log import rollout_metrics
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
-from trace_alloc import Spend, tree_advantages
+from trace_alloc import tree_advantages
+from trace_alloc.budget import Spend
 
 pytestmark = pytest.mark.slow  # shares the Ray engines (about a minute to start, once)
 
