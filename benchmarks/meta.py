@@ -1,8 +1,9 @@
-"""The metadata every benchmark records beside its figures: date, commit, CPU, Python, argv."""
+"""The metadata every benchmark records beside its figures, and the record it is written into."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import subprocess
@@ -37,3 +38,44 @@ def run_meta() -> dict[str, Any]:
         "python": platform.python_version(),
         "argv": sys.argv,
     }
+
+
+def machine_description(note: str = "") -> str:
+    """The CPU, its cores, Python and the load average now, plus `note` (who else used the box)."""
+    meta = run_meta()
+    load = ""
+    loadavg = Path("/proc/loadavg")
+    if loadavg.is_file():
+        load = f", load average {loadavg.read_text().split()[0]} at the start"
+    text = f"{meta['cpu']}, {meta['n_cpus']} CPUs, Python {meta['python']}{load}"
+    return f"{text}; {note}" if note else text
+
+
+def write_record(
+    path: Path,
+    result: dict[str, Any],
+    *,
+    command: str,
+    notes: list[str] | None = None,
+    **fields: str,
+) -> None:
+    """Write `result` (a benchmark's `--json` object) as a record that RESULTS.md renders.
+
+    The record holds the command line, the date, the machine and the commit beside the figures;
+    `fields` adds the rendering's `section`, `title`, `measures` and `machine`, `notes` the prose
+    a reader needs beside the figures (docs/style.md §2.8; `python -m benchmarks.records`).
+    """
+    meta = run_meta()
+    record = {
+        "schema_version": 1,
+        "command": command,
+        "date": meta["date"],
+        "machine": machine_description(),
+        "commit": meta["commit"],
+        "provenance": "written by `benchmarks.records run`",
+        **fields,
+        "notes": notes or [],
+        "result": result,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")

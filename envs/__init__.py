@@ -9,105 +9,56 @@ Importing this package registers two environment ids (with the shared-memory gua
 Both are registered without `TimeLimit` (turn limits live in the env, inside its snapshots),
 `OrderEnforcing` and `PassiveEnvChecker` (both keep state a snapshot would miss; the env
 enforces order itself, and `check_env` runs in the tests).
+
+This face holds what a user calls; the text protocol (`envs.protocol`), the reward helpers
+(`envs.rewards`) and the snapshot internals (`envs.snapshot`) are imported from their modules.
 """
 
 import gymnasium as gym
 
-from envs.agents import (
-    EpisodeResult,
-    NaiveAgent,
-    OracleAgent,
-    most_frequent_name,
-    run_agent,
-    run_episode,
-)
-from envs.base import ForkableEnv, ScriptedPolicy
+from envs.agents import NaiveAgent, OracleAgent, run_agent, run_episode
+from envs.base import ForkableEnv
 from envs.errors import (
-    ActionTypeError,
     EnvConfigError,
     EnvError,
     EpisodeStateError,
     RetrievalFailedError,
     SnapshotError,
     SnapshotMismatchError,
-    UnforkableWrapperError,
     UnknownTaskError,
 )
-from envs.protocol import (
-    CHARSET,
-    DEFAULT_PROMPT_TEMPLATE,
-    MAX_TEXT_CHARS,
-    ParsedAction,
-    format_information,
-    format_prompt,
-    parse_action,
-)
-from envs.rewards import (
-    AnswerScores,
-    RewardKind,
-    exact_match,
-    extract_answer,
-    normalize_answer,
-    score_answer,
-    sub_exact_match,
-    token_f1,
-)
+from envs.rewards import score_answer
 from envs.search_qa import SearchQAConfig, SearchQAEnv
-from envs.snapshot import (
-    EnvSnapshot,
-    TurnRecord,
-    WrapperSnapshot,
-    snapshot_from_dict,
-    snapshot_from_json,
-)
+from envs.snapshot import EnvSnapshot, snapshot_from_dict, snapshot_from_json
 from envs.synthetic import World, WorldConfig, WorldSplit
 from envs.synthetic.env import make_synthetic_env
 from envs.tasks import Paragraph, QATask, TaskSet
 from envs.wrappers import BudgetMeter, ForkableWrapper, fork, restore, snapshot
 
 __all__ = [
-    "CHARSET",
-    "DEFAULT_PROMPT_TEMPLATE",
-    "MAX_TEXT_CHARS",
-    "ActionTypeError",
-    "AnswerScores",
     "BudgetMeter",
     "EnvConfigError",
     "EnvError",
     "EnvSnapshot",
-    "EpisodeResult",
     "EpisodeStateError",
     "ForkableEnv",
     "ForkableWrapper",
     "NaiveAgent",
     "OracleAgent",
     "Paragraph",
-    "ParsedAction",
     "QATask",
     "RetrievalFailedError",
-    "RewardKind",
-    "ScriptedPolicy",
     "SearchQAConfig",
     "SearchQAEnv",
     "SnapshotError",
     "SnapshotMismatchError",
     "TaskSet",
-    "TurnRecord",
-    "UnforkableWrapperError",
     "UnknownTaskError",
     "World",
     "WorldConfig",
     "WorldSplit",
-    "WrapperSnapshot",
-    "exact_match",
-    "extract_answer",
     "fork",
-    "format_information",
-    "format_prompt",
     "make_synthetic_env",
-    "most_frequent_name",
-    "normalize_answer",
-    "parse_action",
     "restore",
     "run_agent",
     "run_episode",
@@ -115,8 +66,6 @@ __all__ = [
     "snapshot",
     "snapshot_from_dict",
     "snapshot_from_json",
-    "sub_exact_match",
-    "token_f1",
 ]
 
 _REGISTERED = {

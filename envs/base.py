@@ -16,8 +16,8 @@ class ScriptedPolicy(Protocol):
 
     The runner calls `reset` with the prompt and info of `env.reset`, then `act` with each
     observation (the prompt first) and its info, and steps the env with the returned text. It
-    plays one episode at a time; `benchmarks.qa.ScriptedAgent` adapts it to the one agent
-    protocol evaluation plays, the batched `benchmarks.qa.Agent`.
+    plays one episode at a time; `harness.evaluation.ScriptedAgent` adapts it to the one agent
+    protocol evaluation plays, the batched `harness.evaluation.Agent`.
     """
 
     def reset(self, prompt: str, info: Mapping[str, Any]) -> None:

@@ -68,7 +68,7 @@ _MAX_RAW_QUERY_CHARS = MAX_TEXT_CHARS
 # Printable ASCII plus the Latin, IPA, Greek and Cyrillic blocks, general punctuation, currency,
 # letterlike symbols, arrows and maths operators: what English Wikipedia-derived QA corpora
 # use. Text spaces need an explicit charset (AsyncVectorEnv's shared memory stores character
-# indices), and a full-Unicode one costs ~100 ms and 11 MB per space. Anything else is shown as
+# indices), and a full-Unicode one is slow to build and large per space. Anything else is shown as
 # U+FFFD, the replacement character.
 _CHARSET_RANGES: tuple[tuple[int, int], ...] = (
     (0x0020, 0x007E),
@@ -279,11 +279,12 @@ def parse_action_search_r1(text: str) -> ParsedAction:
     invalid), so no retriever can refuse it; an answer has no length limit. An action over
     `MAX_ACTION_CHARS` is invalid unparsed.
 
-    Search-R1 takes the pair with `re.search(r"<(search|answer)>(.*?)</\1>")`, whose lazy
-    scan restarts at every opening tag: quadratic in a text of many openers and no closer
-    (25.8 s for 128 KB). The same leftmost pair is found here with four `str.find`s: the
-    first `<tag>` of each kind either has a `</tag>` after it, and is that kind's leftmost
-    match, or no later `<tag>` has one either; the earlier of the two kinds' matches wins.
+    Search-R1 takes the pair with `re.search(r"<(search|answer)>(.*?)</\1>")`, whose lazy scan
+    restarts at every opening tag: quadratic in a text of many openers and no closer
+    (benchmarks/RESULTS.md, "Index files that cannot lie, a server one client cannot starve"). The
+    same leftmost pair is found here with four `str.find`s: the first `<tag>` of each kind either
+    has a `</tag>` after it, and is that kind's leftmost match, or no later `<tag>` has one either;
+    the earlier of the two kinds' matches wins.
 
     >>> parse_action_search_r1("<answer> x </answer> then <search> q </search>").content
     'x'

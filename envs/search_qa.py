@@ -171,6 +171,21 @@ class SearchQAConfig:
                 f"lower max_doc_chars to {self.max_doc_chars_limit(self.top_k)} or less"
             )
 
+    def make_env(
+        self, tasks: TaskSet | Sequence[QATask], retriever: Retriever, **overrides: Any
+    ) -> SearchQAEnv:
+        """A `SearchQAEnv` with these settings (`overrides`: fields to change for this env).
+
+        >>> from retrieval.base import Document
+        >>> from retrieval.bm25 import BM25Retriever
+        >>> index = BM25Retriever.build([Document(doc_id="d1", title="Acme", text="Ann.")])
+        >>> tasks = [QATask(task_id="q1", question="Who?", golden_answers=("Ann",))]
+        >>> SearchQAConfig(max_turns=6).make_env(tasks, index, top_k=1).config.top_k
+        1
+        """
+        fields = {f: getattr(self, f) for f in self.__dataclass_fields__}
+        return SearchQAEnv(tasks, retriever, **{**fields, **overrides})
+
     @staticmethod
     def max_doc_chars_limit(top_k: int) -> int:
         """The largest `max_doc_chars` whose observations fit the text space at this top_k."""
@@ -297,7 +312,7 @@ class SearchQAEnv(gym.Env[str, str]):
             retrieval_deadline_s=retrieval_deadline_s,
             on_other_index=on_other_index,
         )
-        # Text builds a per-character index (~1 ms); forks copy this template in O(1) instead.
+        # Text builds a per-character index (costly per env); forks copy this template instead.
         template = EnvText(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
         self._shared = _Shared(
             config=config, tasks=tasks, retriever=retriever, space_template=template

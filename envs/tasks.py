@@ -2,7 +2,7 @@
 
 A task is what an environment episode is about: a question, its gold answers (with aliases), and
 what is known about how to answer it (type, hop count, supporting paragraphs). Loaders for real
-datasets live in `benchmarks.qa.qa_datasets`; the synthetic world in `envs.synthetic` produces the
+datasets live in `envs.qa_datasets.loaders`; the synthetic world in `envs.synthetic` produces the
 same record, so environments, evaluation and training never care where a task came from.
 """
 

@@ -1,23 +1,15 @@
 """Retrieval for search agents: the `Retriever` contract, BM25 and dense indexes, HTTP, caching.
 
 The server (`retrieval.server`, FastAPI) is not imported here; `tracerl serve-retriever` runs it.
+This face holds what a user calls; helpers (`retrieval.base.check_k`,
+`retrieval.corpus.corpus_hash`, `retrieval.deadline.deadline`, ...) come from their modules.
 """
 
-from retrieval.base import (
-    Document,
-    Encoder,
-    Hit,
-    Retriever,
-    check_k,
-    check_queries,
-    format_contents,
-    parse_contents,
-)
+from retrieval.base import Document, Encoder, Hit, Retriever
 from retrieval.bm25 import BM25Params, BM25Retriever
-from retrieval.cache import CachedRetriever, CacheStats, normalize_query
+from retrieval.cache import CachedRetriever, CacheStats
 from retrieval.client import HTTPRetriever
-from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
-from retrieval.deadline import deadline
+from retrieval.corpus import read_corpus, write_corpus
 from retrieval.dense import DenseParams, DenseRetriever
 from retrieval.encoder import DEFAULT_ENCODER, SentenceEncoder
 from retrieval.errors import (
@@ -29,12 +21,11 @@ from retrieval.errors import (
     RetrievalError,
     RetrieverUnavailable,
 )
-from retrieval.indexes import INDEX_CLASSES, load_index, make_retriever
+from retrieval.indexes import load_index, make_retriever
 from retrieval.manifest import IndexManifest, read_manifest
 
 __all__ = [
     "DEFAULT_ENCODER",
-    "INDEX_CLASSES",
     "BM25Params",
     "BM25Retriever",
     "CacheStats",
@@ -55,16 +46,8 @@ __all__ = [
     "Retriever",
     "RetrieverUnavailable",
     "SentenceEncoder",
-    "check_k",
-    "check_queries",
-    "corpus_hash",
-    "deadline",
-    "format_contents",
-    "index_text",
     "load_index",
     "make_retriever",
-    "normalize_query",
-    "parse_contents",
     "read_corpus",
     "read_manifest",
     "write_corpus",

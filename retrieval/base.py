@@ -196,7 +196,7 @@ def check_queries(queries: Sequence[str], *, text: bool = True) -> list[str]:
         TypeError: `queries` is a bare string (a common slip: it is a Sequence of characters),
             or holds a non-string.
         ValueError: a query holds a surrogate code point, which is not text (UTF-8 cannot
-            encode it, so a server could never receive it); `retrieval.normalize_query`
+            encode it, so a server could never receive it); `retrieval.cache.normalize_query`
             replaces them.
     """
     if isinstance(queries, str):

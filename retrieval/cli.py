@@ -109,7 +109,7 @@ class CompressCommand:
     out: Path
     """the directory to write (index.faiss, compressed.json)"""
     preset: Preset = "rabitqfs"
-    """the index family (docs/decisions.md, "Wiki-18 search speed and cold start", says why
+    """the index family (docs/decisions.md, "Wiki-18 on one CPU box", says why
     rabitqfs)"""
     nlist: int = 0
     """IVF cells; 0 picks rows / 320"""
@@ -121,8 +121,7 @@ class CompressCommand:
     """seeds the sample and k-means"""
     nprobe: int = 0
     """the served default of cells scanned per query; 0 picks the preset's fitted value for the
-    row count (`retrieval.compressed.SEARCH_LAWS`; docs/decisions.md, "Wiki-18 search speed and
-    cold start")"""
+    row count (`retrieval.compressed.SEARCH_LAWS`; docs/decisions.md, "Wiki-18 on one CPU box")"""
     k_factor: int | None = None
     """the served default of candidates re-ranked exactly per hit asked for (0: none); unset
     picks the preset's fitted value for the row count"""
@@ -148,7 +147,8 @@ class ExportEncoderCommand:
     """the transformers model folder (e5-base-v2, ...); unset: the packaged MiniLM"""
     precision: Literal["fp32", "int8"] = "fp32"
     """fp32 (agrees with torch's fp32 to rounding) or int8 (ONNX Runtime's dynamic
-    quantisation: faster, top-3 agreement with fp32 measured at 0.85 on MiniLM)"""
+    quantisation: faster, but its top-3 agreement with fp32 falls short on MiniLM;
+    benchmarks/RESULTS.md, "Wiki scale: search speed and memory")"""
     overwrite: bool = False
     """replace an export already at --out"""
 

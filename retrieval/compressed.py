@@ -142,13 +142,14 @@ class CompressConfig:
     """How `compress_flat_index` builds."""
 
     preset: Preset = "rabitqfs"
-    """the index family (`PRESETS`; docs/decisions.md, "Wiki-18 search speed and cold start",
+    """the index family (`PRESETS`; docs/decisions.md, "Wiki-18 on one CPU box",
     says why rabitqfs)"""
     nlist: int = 0
     """IVF cells; 0 picks n / 320 (65,536 for wiki-18), so that lists hold about 320 rows"""
     train_per_list: int = 30
     """training rows per IVF cell (faiss's k-means wants 39 or more and warns below; 30 at
-    wiki scale keeps the sample at 6 GB and k-means under an hour on 16 cores)"""
+    wiki scale keeps the sample at 6 GB; the k-means time: benchmarks/RESULTS.md, "Wiki scale:
+    search speed and memory")"""
     max_train: int = 2_000_000
     """cap on the training sample"""
     chunk_rows: int = 65_536
@@ -577,10 +578,11 @@ def rerank(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top `k` among candidate rows `ids` (Q, m), scored from the flat file's rows.
 
-    faiss's `knn_inner_products_by_idx` / `knn_L2sqr_by_idx` score the candidates in C++
-    straight from the mapped rows, one OpenMP task per query: no gathered copy (0.48 us a
-    candidate against numpy's 1.55 on one idle core, benchmarks/RESULTS.md). Candidates are
-    read up to a query's first -1 (faiss pads short result lists at the end).
+    faiss's `knn_inner_products_by_idx` / `knn_L2sqr_by_idx` score the candidates in C++ straight
+    from the mapped rows, one OpenMP task per query: no gathered copy, several times faster than
+    numpy's gather and product (benchmarks/RESULTS.md, "Wiki scale: search speed and memory").
+    Candidates are read up to a query's first
+    -1 (faiss pads short result lists at the end).
 
     Returns:
         (scores, ids), each (Q, k): inner products, or squared L2 distances, best first;
@@ -617,8 +619,7 @@ class SearchLaw:
 
     nprobe = `nprobe_scale` · (N / 10⁶) ** `nprobe_power` and k_factor likewise, fitted by
     `benchmarks/perf/retrieval_scale.py` on its e5 stand-in (docs/decisions.md, "Wiki-18 on one
-    CPU box" and "Wiki-18 search speed and cold start"); beyond the largest N measured they are
-    extrapolations.
+    CPU box"); beyond the largest N measured they are extrapolations.
     """
 
     nprobe_scale: float

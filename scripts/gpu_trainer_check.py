@@ -596,7 +596,7 @@ def toolchain(device: str) -> dict[str, Any]:
     Raises:
         CheckFailed: the first failed check's line.
     """
-    from harness.doctor import TOOLCHAIN, Probes, Target
+    from harness.training.doctor import TOOLCHAIN, Probes, Target
 
     probes, target = Probes.local(), Target(require_gpu=device == "cuda")
     checks = [check(probes, target) for check in TOOLCHAIN]
@@ -623,7 +623,7 @@ def main(args: Args) -> dict[str, Any]:
         "(docs/openrlhf.md, 'The one-GPU trainer check')",
     )
     report_doctor = run_stage("doctor", lambda: toolchain(args.device))
-    from harness.openrlhf_compat import ensure_flash_attn
+    from harness.training.openrlhf_compat import ensure_flash_attn
 
     ensure_flash_attn()
     import torch

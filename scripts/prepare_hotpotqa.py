@@ -9,7 +9,7 @@ Each output line is one question:
 from which the environment builds its own Search-R1 prompt and scores answers; `datasource`
 names the group in OpenRLHF's evaluation metrics (`eval_hotpotqa_pass1`).
 
-Sources, through `benchmarks.qa.qa_datasets`:
+Sources, through `envs.qa_datasets.loaders`:
 
 - the Hugging Face Hub (default): FlashRAG's HotpotQA (`RUC-NLPIR/FlashRAG_datasets`, config
   `hotpotqa`), `train` for training and `dev` for evaluation, as Search-R1 trains;
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import tyro
 
-from benchmarks.qa.qa_datasets import LoadedDataset, load_file, load_named
+from envs.qa_datasets import LoadedDataset, load_file, load_named
 
 log = logging.getLogger("prepare_hotpotqa")
 

@@ -59,7 +59,7 @@ ALLOC_ARGS=${ALLOC_ARGS:-"--alloc.name trace --alloc.trace.continuations-per-rol
 
 TRACE_ARGS=(
   --retriever "$RETRIEVER"
-  --advantage tree_grpo
+  --loss.advantage tree_grpo
   --env.max-turns 4 --env.top-k 3 --env.reward em
   --env.retrieval-deadline-s 60              # a 256-query turn against a loaded wiki-18 server
   --run-dir "$RUN"

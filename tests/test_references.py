@@ -3,7 +3,8 @@
 Code, docs and tests point at files (`docs/training.md`, `benchmarks/perf/env_fork.py`), at
 sections of the design and style pages (`docs/design.md §3`) and at decisions, by title
 (`docs/decisions.md, "One objective"`). A clone has nothing else, so each must exist here.
-Decisions are cited by title, never by number alone: numbers are assigned when branches merge.
+Decisions are cited by their exact title, never by number: numbers were assigned when branches
+merged and drifted, and a title that was folded into another entry must fail, not half-match.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ SECTION = re.compile(r"\b(design|style)\.md §(\d+(?:\.\d+)?)")
 DECISION_NUMBER = re.compile(r"\bD\d{1,2}\b")  # (ruff's D105 and the like have three digits)
 DECISION_TITLE = re.compile(r'decisions\.md\)?,?\s+"([^"]+)"((?:,?\s+and\s+"[^"]+")*)')
 MORE_TITLES = re.compile(r'"([^"]+)"')
-DECISION_HEADING = re.compile(r"^## D(\d+)\. (.+)$", re.M)
+# a section of the results page by (the start of) its heading, as `RESULTS.md, "Wiki scale"`
+RESULTS_TITLE = re.compile(r'RESULTS\.md\)?,?\s+"([^"]+)"((?:,?\s+and\s+"[^"]+")*)')
+DECISION_HEADING = re.compile(r"^## (.+)$", re.M)
 # files a run writes (`runs/x/report.md`, `OUT/report.md`, `experiment-NAME.md`): not references
 OUTPUT = re.compile(r"^(?:runs/|OUT/|run_dir/)|^report\.md$|NAME")
 # what no file may cite: pages that live outside the repository
@@ -64,9 +67,14 @@ def _sections(page: Path) -> set[str]:
     return set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", text, flags=re.M))
 
 
-def decision_titles(decisions_md: str) -> dict[int, str]:
-    """Number -> title of each `## Dnn. Title` heading."""
-    return {int(n): title.strip() for n, title in DECISION_HEADING.findall(decisions_md)}
+def results_sections(results_md: str) -> list[str]:
+    """The text of every heading of benchmarks/RESULTS.md, `#` marks stripped."""
+    return [h.strip() for h in re.findall(r"^#{1,4} (.+)$", results_md, flags=re.M)]
+
+
+def decision_titles(decisions_md: str) -> list[str]:
+    """The title of each entry: every `## Title` heading, in order."""
+    return [title.strip() for title in DECISION_HEADING.findall(decisions_md)]
 
 
 def _flat(text: str) -> str:
@@ -75,7 +83,13 @@ def _flat(text: str) -> str:
 
 
 def reference_problems(
-    path: Path, text: str, *, root: Path, titles: dict[int, str], sections: dict[str, set[str]]
+    path: Path,
+    text: str,
+    *,
+    root: Path,
+    titles: list[str],
+    sections: dict[str, set[str]],
+    results: list[str],
 ) -> list[str]:
     """Every unresolvable reference in one file's text, as `file:line: what`."""
     rel = path.relative_to(root).as_posix()
@@ -111,11 +125,7 @@ def reference_problems(
         page, number = m.groups()
         if number not in sections[page]:
             problems.append(f"{where(m.start())}: docs/{page}.md has no section §{number}")
-    is_decisions = rel == "docs/decisions.md"
     for m in DECISION_NUMBER.finditer(text):
-        line_start = text.rfind("\n", 0, m.start()) + 1
-        if is_decisions and text.startswith("## ", line_start):
-            continue  # the headings themselves
         problems.append(
             f"{where(m.start())}: decision cited by number ({m.group(0)}); cite its title: "
             f'docs/decisions.md, "<title>"'
@@ -124,8 +134,13 @@ def reference_problems(
         cited = [m.group(1), *MORE_TITLES.findall(m.group(2) or "")]
         for title in cited:
             title = _flat(title)
-            if not any(t.startswith(title) for t in titles.values()):
+            if title not in titles:
                 problems.append(f"{where(m.start())}: no decision titled {title!r}")
+    for m in RESULTS_TITLE.finditer(text):
+        for title in [m.group(1), *MORE_TITLES.findall(m.group(2) or "")]:
+            title = _flat(title)
+            if not any(heading.startswith(title) for heading in results):
+                problems.append(f"{where(m.start())}: no section of RESULTS.md titled {title!r}")
     return problems
 
 
@@ -135,6 +150,9 @@ def context() -> dict:
     return {
         "root": ROOT,
         "titles": decision_titles(decisions),
+        "results": results_sections(
+            (ROOT / "benchmarks" / "RESULTS.md").read_text(encoding="utf-8")
+        ),
         "sections": {
             "design": _sections(ROOT / "docs" / "design.md"),
             "style": _sections(ROOT / "docs" / "style.md"),
@@ -151,8 +169,9 @@ def test_every_reference_resolves_inside_the_repository(context: dict) -> None:
 
 
 def test_decision_headings_have_unique_titles(context: dict) -> None:
-    titles = list(context["titles"].values())
+    titles = context["titles"]
     assert len(titles) == len(set(titles)), titles
+    assert "Root solver" in titles and "Stage 2" in titles, titles  # the headings are read
 
 
 # --- the checker itself can fail -----------------------------------------------------------
@@ -164,7 +183,7 @@ def _check(tmp_path: Path, text: str, context: dict, name: str = "docs/x.md") ->
 
 
 def test_the_checker_sees_a_missing_file(tmp_path: Path, context: dict) -> None:
-    assert _check(tmp_path, "see docs/training.md and harness/trainer.py", context) == []
+    assert _check(tmp_path, "see docs/training.md and harness/training/trainer.py", context) == []
     problems = _check(tmp_path, "see docs/nothing_here.md and harness/gone.py", context)
     assert any("nothing_here.md" in p for p in problems)
     assert any("harness/gone.py" in p for p in problems)
@@ -181,14 +200,14 @@ def test_the_checker_sees_pages_outside_the_repository(tmp_path: Path, context: 
 
 def test_the_checker_sees_a_missing_section(tmp_path: Path, context: dict) -> None:
     assert _check(tmp_path, "the fork law (docs/design.md §3)", context) == []
-    problems = _check(tmp_path, "docs/design.md §9 and docs/style.md §2.9", context)
+    problems = _check(tmp_path, "docs/design.md §9 and docs/style.md §9.9", context)
     assert len(problems) == 2
 
 
 def test_the_checker_sees_decisions_cited_by_number_or_wrong_title(
     tmp_path: Path, context: dict
 ) -> None:
-    good = 'docs/decisions.md, "One objective"; decisions.md "Root solver" and "Prefix solver"'
+    good = 'docs/decisions.md, "One objective"; decisions.md "Root solver" and "Stage 2"'
     assert _check(tmp_path, good, context) == []
     assert _check(tmp_path, "as decided (docs/decisions.md D13)", context)
     problems = _check(tmp_path, 'docs/decisions.md, "The predictor forgets"', context)
@@ -196,5 +215,27 @@ def test_the_checker_sees_decisions_cited_by_number_or_wrong_title(
         "docs/x.md:1: no decision titled 'The predictor forgets'",
     ]
     # a title broken over two comment lines is read as one
-    wrapped = 'x  # docs/decisions.md, "The predictor\n    # remembers each question"'
+    wrapped = 'x  # docs/decisions.md, "Per-question\n    # memory"'
     assert _check(tmp_path, wrapped, context, name="harness/x.py") == []
+
+
+def test_the_checker_fails_on_a_stale_or_partial_title(tmp_path: Path, context: dict) -> None:
+    # titles of entries that were folded into topics, and a prefix of a live title
+    stale = [
+        "Budget density and Stage 2's placement",
+        "Stage 2's flip prediction",
+        "The predictor remembers each question",
+        "Stage",
+    ]
+    for title in stale:
+        text = f'x (docs/decisions.md, "{title}")'
+        assert _check(tmp_path, text, context) == [f"docs/x.md:1: no decision titled {title!r}"]
+    chained = 'decisions.md, "Root solver" and "Prefix solver"'
+    assert _check(tmp_path, chained, context) == ["docs/x.md:1: no decision titled 'Prefix solver'"]
+
+
+def test_the_checker_sees_a_missing_results_section(tmp_path: Path, context: dict) -> None:
+    good = 'benchmarks/RESULTS.md, "Predictor design" and "Allocation"'
+    assert _check(tmp_path, good, context) == []
+    problems = _check(tmp_path, 'x (benchmarks/RESULTS.md, "Issue 19: the old run")', context)
+    assert problems == ["docs/x.md:1: no section of RESULTS.md titled 'Issue 19: the old run'"]

@@ -3,38 +3,25 @@
 Pure numpy: no torch, files, sockets, logging or global RNG. Functions take arrays and
 dataclasses (plus a `np.random.Generator` when they sample) and return values with their
 diagnostics. See docs/trace_alloc.md.
+
+This face holds what a user calls; the rest is imported from its module: the solvers
+(`trace_alloc.solvers`), calibration reports, tree statistics and training examples
+(`trace_alloc.tree`), the allocator-writing types (`trace_alloc.base`).
 """
 
-from trace_alloc.advantages import (
-    ADVANTAGE_MODES,
-    AdvantageMode,
-    LeafAdvantage,
-    TokenAdvantages,
-    tree_advantages,
-)
+from trace_alloc.advantages import tree_advantages
 from trace_alloc.allocators import (
-    ALLOCATORS,
-    AllocatorName,
     DynamicSampling,
     EntropyTree,
-    PromptPredictor,
     RandomTree,
     Trace,
     Uniform,
     make_allocator,
 )
-from trace_alloc.base import (
-    Allocator,
-    AllocPlan,
-    AllocView,
-    Executor,
-    Featurizer,
-    Predictor,
-    RolloutRequest,
-)
-from trace_alloc.budget import BudgetLimit, Currency, Spend
-from trace_alloc.calibration import CalibrationReport, calibration_report, learn_from_step
-from trace_alloc.driver import StepResult, WaveRecord, run_step
+from trace_alloc.base import Allocator, Executor, Predictor, RolloutRequest
+from trace_alloc.budget import BudgetLimit
+from trace_alloc.calibration import learn_from_step
+from trace_alloc.driver import StepResult, run_step
 from trace_alloc.errors import (
     AllocError,
     BudgetExceededError,
@@ -44,89 +31,37 @@ from trace_alloc.errors import (
 )
 from trace_alloc.memory import MemoryPredictor
 from trace_alloc.predictor import ConstantPredictor, HashedNgramFeaturizer, MLPPredictor
-from trace_alloc.solvers import (
-    RootSolution,
-    prefix_gain,
-    root_gain,
-    solve_prefixes,
-    solve_roots,
-    split_budget,
-    v_prefix,
-    v_root,
-)
-from trace_alloc.tree import (
-    SCHEMA_VERSION,
-    ForestStats,
-    Node,
-    Prompt,
-    Rollout,
-    RolloutTree,
-    Segment,
-    TrainingExamples,
-    Turn,
-    bare_leaves,
-    forest_stats,
-    training_examples,
-)
+from trace_alloc.tree import Node, Prompt, Rollout, RolloutTree, Segment, Turn
 
 __all__ = [
-    "ADVANTAGE_MODES",
-    "ALLOCATORS",
-    "SCHEMA_VERSION",
-    "AdvantageMode",
     "AllocError",
-    "AllocPlan",
-    "AllocView",
     "Allocator",
-    "AllocatorName",
     "BudgetExceededError",
     "BudgetLimit",
-    "CalibrationReport",
     "ConstantPredictor",
-    "Currency",
     "DynamicSampling",
     "EntropyTree",
     "ExecutionError",
     "Executor",
-    "Featurizer",
-    "ForestStats",
     "HashedNgramFeaturizer",
-    "LeafAdvantage",
     "MLPPredictor",
     "MemoryPredictor",
     "Node",
     "Predictor",
     "Prompt",
-    "PromptPredictor",
     "RandomTree",
     "Rollout",
     "RolloutRequest",
     "RolloutTree",
-    "RootSolution",
     "Segment",
-    "Spend",
     "StepResult",
-    "TokenAdvantages",
     "Trace",
-    "TrainingExamples",
     "TreeFormatError",
     "Turn",
     "Uniform",
     "UnknownNameError",
-    "WaveRecord",
-    "bare_leaves",
-    "calibration_report",
-    "forest_stats",
     "learn_from_step",
     "make_allocator",
-    "prefix_gain",
-    "root_gain",
     "run_step",
-    "solve_prefixes",
-    "solve_roots",
-    "split_budget",
-    "training_examples",
     "tree_advantages",
-    "v_prefix",
-    "v_root",
 ]

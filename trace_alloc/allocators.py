@@ -426,7 +426,7 @@ class Trace:
     """Smallest non-zero m_i (lowered to the root budget when that is smaller): 4 keeps the
     paper's density of >= 4 bare rollouts per opened prompt; 2 opens prompts with a pair, which
     buys more mixed prompts when the predictor is sharp and fewer when it is not (docs/decisions.md,
-    "Root solver" and "Budget density and Stage 2's placement")."""
+    "Root solver")."""
     continuations_per_rollout: int = 1
     """N: Stage-2 continuations per bare rollout (Σ K = m_i N per prompt); 0 turns Stage 2 off."""
     stage1: Literal["active", "uniform"] = "active"
@@ -438,7 +438,7 @@ class Trace:
     explore_frac: float = 0.05
     """Share of the root budget given as `min_per_prompt`-rollout floors to random pool prompts,
     so that the predictor keeps seeing prompts it would filter out (docs/decisions.md,
-    "Output squashing, calibration, cold start and exploration")."""
+    "Root solver")."""
     p_clip: float = 0.01
     """Predictions are clipped to [p_clip, 1 − p_clip]: no prompt or prefix is ever certain."""
     prefer_unmixed: bool = False
@@ -446,13 +446,13 @@ class Trace:
     prefixes, and a tree with none to expand returns its share to Stage-1 roots. True pools
     the whole Stage-2 budget into the trees whose bare rollouts all agree, which buys about
     one flip per step inside one large tree (kept only to reproduce the old default;
-    docs/decisions.md, "Budget density and Stage 2's placement")."""
+    docs/decisions.md, "Stage 2")."""
     min_flip_prob: float = 0.2
     """Flip floor: a prefix whose predicted flip probability 1 − q is below this gets no
     continuation, and a tree left with none returns its share to Stage-1 roots, so N falls to 0
     where prefixes cannot flip (0: off; `stage2="active"` only). 0.2 with `prefix_prior` 1
     closes every tree whose 4 or more bare rollouts agree (their prefixes' 1 − q is at most
-    (1 − p_clip)/5) and keeps mixed ones (docs/decisions.md, "Stage 2's flip prediction")."""
+    (1 − p_clip)/5) and keeps mixed ones (docs/decisions.md, "Stage 2")."""
     prefix_prior: float | None = 1.0
     """k: how many bare rollouts the predictor's Ṽ(H) is worth in a prefix's posterior
     V = (k Ṽ(H) + s_i)/(k + m_i), with s_i successes among the tree's m_i bare rollouts

@@ -47,7 +47,7 @@ class RolloutRequest:
     p_flip: float | None = None
     """Stage 2: the allocator's chance that one continuation from this node ends with another
     outcome than the one every earlier leaf under it agreed on (logged against the realised
-    flips to calibrate it: `harness.metrics_log.flip_calibration`); None for roots."""
+    flips to calibrate it: `harness.training.metrics_log.flip_calibration`); None for roots."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -121,7 +121,7 @@ class Predictor(Protocol):
         """Fit to targets V̂ in [0, 1]; returns training diagnostics.
 
         `weights` are the outcomes behind each target (leaf counts; 1 each if None) and
-        `is_root` flags the prompt roots (`trace_alloc.training_examples` gives both).
+        `is_root` flags the prompt roots (`trace_alloc.tree.training_examples` gives both).
         """
         ...
 

@@ -83,7 +83,7 @@ def run_step(
     """Spend one step's budget on rollouts from `prompts`, as `allocator` directs.
 
     Args:
-        allocator: the strategy (see `trace_alloc.ALLOCATORS`).
+        allocator: the strategy (see `trace_alloc.allocators.ALLOCATORS`).
         prompts: the candidate pool, in sampling order.
         execute: runs requests to the end (the engine or the simulator).
         budget: limiting currency and per-step amount.

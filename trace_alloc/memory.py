@@ -20,8 +20,8 @@ the outcomes of its own past bare rollouts:
   rollouts counts 8 times a prefix with one leaf).
 
 It is an extension of the paper in the spirit of history-based prompt selection (PCL's on-policy
-value model, GRESO's per-prompt history of zero-variance groups); docs/decisions.md, "The predictor
-remembers each question".
+value model, GRESO's per-prompt history of zero-variance groups); docs/decisions.md,
+"Per-question memory".
 """
 
 from __future__ import annotations

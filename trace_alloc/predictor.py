@@ -1,7 +1,6 @@
 """The default success predictor Ṽψ: hashed n-grams into a small numpy MLP, trained online.
 
-Design (measured in `benchmarks/research/predictor_design.py`; docs/decisions.md, "Predictor
-architecture and input encoding"):
+Design (measured in `benchmarks/research/predictor_design.py`; docs/decisions.md, "Predictor"):
 
 - `HashedNgramFeaturizer` reads the *head* of a history (its first words: the question) and its
   *tail* (its last words: the latest turns) as word unigrams and bigrams, signed-hashed into a
@@ -434,7 +433,7 @@ def check_examples(
 
 
 def _sparse(x: np.ndarray) -> sp.csr_array:
-    """Hashed n-gram rows are ~1% non-zero: sparse products are ~50x cheaper (scipy's reason)."""
+    """Hashed n-gram rows are nearly all zeros, so sparse products are far cheaper (scipy's)."""
     return sp.csr_array(np.asarray(x, dtype=np.float32))
 
 

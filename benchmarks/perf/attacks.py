@@ -3,8 +3,8 @@
 - **trickle**: an env step (`SearchQAEnv` on an `HTTPRetriever` with its defaults, the env's
   default `retrieval_deadline_s`) against a server that trickles its headers, its body or a
   chunked body one byte every 0.2 s (`benchmarks.perf.hostile`); the wall time of each step.
-- **hung turn**: one turn of 64 episodes through `harness.episodes.apply_turn` (what the tree
-  engine, evaluation and the OpenRLHF samples generator call each turn) on a `CachedRetriever`
+- **hung turn**: one turn of 64 episodes through `harness.rollout.episodes.apply_turn` (what the
+  tree engine, evaluation and the OpenRLHF samples generator call each turn) on a `CachedRetriever`
   over a server that never answers: 63 episodes search, one answers. The turn's wall time.
 - **endless body**: a fresh Python process searches a server that sends an endless chunked
   body as fast as it is read; its peak RSS above the RSS it had before the search.
@@ -52,8 +52,8 @@ from envs import (
     snapshot,
     snapshot_from_dict,
 )
-from harness.backends import Completion, SamplingParams
-from harness.episodes import EpisodeCodec, apply_turn, start_episodes
+from harness.policies import Completion, SamplingParams
+from harness.rollout import EpisodeCodec, apply_turn, start_episodes
 from retrieval import BM25Retriever, Document, HTTPRetriever
 from retrieval.cache import CachedRetriever
 
@@ -470,7 +470,7 @@ def kill_during_overwrite(work: Path, n_kills: int = 20, seed: int = 0) -> dict[
 
     flat, queries = _flat_file(work)
     out = work / "idx"
-    cmd = [sys.executable, "-m", "harness.cli", "-q"]
+    cmd = [sys.executable, "-m", "benchmarks.cli", "-q"]
     builds = []
     for build_seed in (0, 1):
         start = time.perf_counter()

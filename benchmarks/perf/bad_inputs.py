@@ -19,7 +19,7 @@ from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.cli import COMMANDS, main
+from benchmarks.cli import COMMANDS, main
 
 __all__ = ["Outcome", "bad_command_lines", "run_command_line"]
 

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import tyro
 
-from benchmarks.qa.runs import read_finished
+from harness.evaluation import read_finished
 
 CHILD = """
 import sys
 from pathlib import Path
-from benchmarks.qa.cli import BenchConfig, run_bench
+from harness.evaluation import BenchConfig, run_bench
 config = BenchConfig(agent=("naive", "oracle"), out=Path(sys.argv[1]), progress=False,
                      concurrency=4)
 print("start", flush=True)

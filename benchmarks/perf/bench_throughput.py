@@ -39,9 +39,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from benchmarks.meta import run_meta
-from benchmarks.qa import BenchConfig, BenchResult, EpisodeRecord, run_bench
-from benchmarks.qa.cli import corpus
 from envs.errors import RetrievalFailedError
+from harness.evaluation import BenchConfig, BenchResult, EpisodeRecord, corpus, run_bench
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +183,7 @@ def time_agent(agent: str, common: list[str], out: Path, n: int) -> dict[str, An
 def kill_and_resume(common: list[str], out: Path, n: int) -> dict[str, Any]:
     """A real process killed with SIGKILL half-way, then resumed in a new one."""
     folder = out / "killed"
-    command = [sys.executable, "-m", "harness.cli", "bench", *common, "--out", str(folder)]
+    command = [sys.executable, "-m", "benchmarks.cli", "bench", *common, "--out", str(folder)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     path = folder / "trajectories.jsonl"

@@ -1,13 +1,13 @@
 """Data-parallel agreement: the CPU trainer's update on 2 torchrun ranks against 1 process.
 
-The trainer's update phase (`harness.trainer.update_policy`, with its dealing of leaves to
+The trainer's update phase (`harness.training.trainer.update_policy`, with its dealing of leaves to
 ranks, global token normalisation, weightless filler micro-batches and metric sums) runs on the
 same fixed leaves twice: in one process, and under `torchrun --nproc_per_node 2` (gloo), for
 each optimizer backend (`torch`: AdamW with DDP's gradient all-reduce; `zero2`, `zero3`:
 DeepSpeed). Fixed leaves make the comparison independent of rollout sampling, which differs
 between the two runs by design (each rank samples its own stream); the rollout sharding
-(`harness.distributed.ShardedExecutor`) is measured by a real `torchrun` training run instead
-(benchmarks/RESULTS.md).
+(`harness.training.distributed.ShardedExecutor`) is measured by a real `torchrun` training run
+instead (benchmarks/RESULTS.md).
 
 Each run trains a small randomly initialised Qwen3 for `--steps` steps, each step on its own
 `--leaves` random leaves (an odd count: the ranks get unequal shares, and one runs a filler),
@@ -38,12 +38,18 @@ import torch
 import tyro
 
 from benchmarks.meta import run_meta
-from harness.config import LossConfig, OptimConfig, TrainConfig
-from harness.distributed import Ranks, all_gather, init_from_env
-from harness.openrlhf_compat import openrlhf_losses
-from harness.optimizers import make_optimizer
-from harness.trainer import update_policy
-from trace_alloc import TokenAdvantages
+from harness.training import (
+    LossConfig,
+    OptimConfig,
+    Ranks,
+    TrainConfig,
+    all_gather,
+    init_from_env,
+    make_optimizer,
+    openrlhf_losses,
+    update_policy,
+)
+from trace_alloc.advantages import TokenAdvantages
 
 BACKENDS: dict[str, tuple[str, int]] = {
     "torch": ("torch", 0),

@@ -195,7 +195,7 @@ def compare_with_flashrag(pairs: Sequence[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _shared_golds(data_dir: Path, per_file: int) -> list[tuple[str, ...]]:
-    from benchmarks.qa.qa_datasets import load_file
+    from envs.qa_datasets import load_file
 
     golds: list[tuple[str, ...]] = []
     for path in sorted(data_dir.rglob("*.jsonl"))[:8]:
@@ -234,7 +234,7 @@ def main(args: Args) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = world.export(tmp)["corpus"]
         index_dir = Path(tmp) / "bm25"
-        build = [sys.executable, "-m", "harness.cli", "-q", "index", "build"]
+        build = [sys.executable, "-m", "benchmarks.cli", "-q", "index", "build"]
         subprocess.run([*build, "--corpus", str(corpus), "--out", str(index_dir)], check=True)
         proc, url = start_server(index_dir)
         try:

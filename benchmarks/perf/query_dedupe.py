@@ -54,10 +54,9 @@ class Args:
 def main(args: Args) -> dict[str, Any]:
     """Play the episodes and count duplicate searches per turn."""
     from envs.protocol import parse_action
-    from harness.backends.base import SamplingParams
-    from harness.backends.transformers_backend import TransformersBackend
-    from harness.episodes import EpisodeCodec, advance, start_episodes
-    from harness.tiny_policy.pipeline import ARTIFACTS_FILE, SHIPPED_DIR, PolicyArtifacts
+    from harness.policies import SamplingParams, TransformersBackend
+    from harness.rollout import EpisodeCodec, advance, start_episodes
+    from harness.tiny_policy import ARTIFACTS_FILE, SHIPPED_DIR, PolicyArtifacts
 
     record = json.loads((SHIPPED_DIR / ARTIFACTS_FILE).read_text())
     artifacts = PolicyArtifacts.from_json(record, SHIPPED_DIR)

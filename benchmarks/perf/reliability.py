@@ -80,11 +80,13 @@ class Args:
     properties: bool = True
     """run the property tests and count their cases"""
     attacks: bool = True
-    """run the hostile servers and clients (about 2 minutes)"""
+    """run the hostile servers and clients (its run time: benchmarks/RESULTS.md, "Hostile servers
+    and clients")"""
     n_snapshots: int = 20_000
     """mutated snapshots to restore"""
     integrity: bool = True
-    """run the index-file and starvation attacks (issue 32; about 4 minutes)"""
+    """run the index-file and starvation attacks (issue 32; its run time: benchmarks/RESULTS.md,
+    "Index files that cannot lie, a server one client cannot starve")"""
     only_integrity: bool = False
     """run only those (no bad bodies, hung server, other attacks or properties)"""
     n_kills: int = 20

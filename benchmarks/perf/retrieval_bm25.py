@@ -28,7 +28,8 @@ import Stemmer
 import tyro
 
 from benchmarks.meta import run_meta
-from retrieval import BM25Retriever, Document, index_text
+from retrieval import BM25Retriever, Document
+from retrieval.corpus import index_text
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +81,7 @@ def bench_corpus(
         data_dir: the shared dataset samples; skipped if absent.
         seed: the first synthetic world's seed.
     """
-    from benchmarks.qa.corpus import build_corpus
-    from benchmarks.qa.qa_datasets import load_file
+    from envs.qa_datasets import build_corpus, load_file
     from envs.synthetic import World
 
     documents: list[Document] = []

@@ -30,8 +30,8 @@ wiki-18's e5 vectors are not available here, so the benchmark stands in for them
   top-3 set agreement with fp32 measured with real weights (the packaged MiniLM) on the real
   questions against the real paragraphs.
 
-Run: `nice -n 10 python -m benchmarks.perf.retrieval_scale --json` (`--quick`: 50k rows, about a
-minute). Files go to `--work-dir` (runs/retrieval_scale) and are deleted unless `--keep-files`.
+Run: `nice -n 10 python -m benchmarks.perf.retrieval_scale --json` (`--quick`: 50k rows, a smoke
+test). Files go to `--work-dir` (runs/retrieval_scale) and are deleted unless `--keep-files`.
 """
 
 from __future__ import annotations
@@ -88,9 +88,10 @@ K_FACTOR = {
     "sq4": 2,
 }
 """The first k_factor tried (candidates re-ranked exactly per hit), by preset: 4-bit PQ needs
-many, RaBitQ and 3-4 bits/dim few (re-scoring only their own top 10, k_factor 1, caps recall at
-the codes' own, 0.92-0.97 in a probe at 200k rows); presets not named here (8 bits/dim) re-score
-their own top 10. `FACTOR_STEPS` doublings of it are tried (`pick_factor`)."""
+many, RaBitQ and 3-4 bits/dim few (re-scoring only their own top 10, k_factor 1, caps recall at the
+codes' own: benchmarks/RESULTS.md, "Wiki scale: search speed and memory"); presets not
+named here (8 bits/dim) re-score their own top 10. `FACTOR_STEPS` doublings of it are tried
+(`pick_factor`)."""
 FACTOR_STEPS = 4
 REAL_SET_FILES = (
     "hotpotqa/hotpot_dev_distractor.migres200.jsonl",
@@ -138,8 +139,8 @@ class Args:
     """layers of the e5-shaped encoder timed (12 = e5-base-v2)"""
     cold_precision: Literal["fp32", "bf16", "int8", "int8-onnx", "onnx-fp32"] = "onnx-fp32"
     """the query encoder in the cold-start probe: onnx-fp32 is the served route (`tracerl index
-    export-encoder`, no torch in the server; docs/decisions.md, "A torch-free query encoder and
-    lists read on demand"), the others build the torch encoder from the model folder"""
+    export-encoder`, no torch in the server; docs/decisions.md, "Query encoder"), the others
+    build the torch encoder from the model folder"""
     cold_only: bool = False
     """measure only the cold start: build (or reuse) the default preset's index over
     max(sizes) rows with its fitted search settings, drop the page cache, probe, extrapolate"""
@@ -454,7 +455,7 @@ def probe_process(
     """A fresh process: open the index (and the encoder), answer one query; times and memory.
 
     `first_answer_s` is wall time from the interpreter's start (the Python startup before it
-    is not counted, about 0.05 s), `cpu_s` the process's CPU time (user + system). Precision
+    is not counted), `cpu_s` the process's CPU time (user + system). Precision
     `onnx-fp32` serves `encoder_dir` as `tracerl index export-encoder` wrote it (`OnnxEncoder`:
     no torch in the process); the others build `PooledEncoder` from the model folder.
     """
@@ -612,8 +613,7 @@ def encoder_agreement(
 
 def real_set(args: Args, cache: Path) -> tuple[np.ndarray, np.ndarray, list[str]] | None:
     """MiniLM vectors of the shared paragraphs and questions (cached), or None without data."""
-    from benchmarks.qa.corpus import build_corpus
-    from benchmarks.qa.qa_datasets import load_file
+    from envs.qa_datasets import build_corpus, load_file
     from retrieval.corpus import index_text
     from retrieval.encoder import SentenceEncoder
 

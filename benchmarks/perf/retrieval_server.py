@@ -82,7 +82,15 @@ def start_server(
     `descriptor_limit` sets the server's `ulimit -n` (soft and hard); `stderr` is where its log
     goes (None: this process's stderr).
     """
-    cmd = [sys.executable, "-m", "harness.cli", "-q", "serve-retriever", "--index", str(index_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "benchmarks.cli",
+        "-q",
+        "serve-retriever",
+        "--index",
+        str(index_dir),
+    ]
     if descriptor_limit is not None:  # the shell's ulimit: no preexec_fn in a threaded parent
         cmd = ["sh", "-c", f'ulimit -n {int(descriptor_limit)} && exec "$0" "$@"', *cmd]
     proc = subprocess.Popen(

@@ -30,7 +30,7 @@ import logging
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -95,8 +95,7 @@ class Args:
 
 def _random_policy(world: Any, directory: Path) -> Path:
     """A small random-init model on a tokenizer of the world's text (the --quick policy)."""
-    from harness.tiny_policy.model import ModelConfig, build_model, save_policy
-    from harness.tiny_policy.tokenizer import train_tokenizer
+    from harness.tiny_policy import ModelConfig, build_model, save_policy, train_tokenizer
 
     texts = [f"{d.title} {d.text}" for d in world.documents] + [t.question for t in world.tasks]
     tokenizer = train_tokenizer(texts, vocab_size=512)
@@ -109,14 +108,13 @@ def _random_policy(world: Any, directory: Path) -> Path:
 def _setup(args: Args, scratch: Path) -> tuple[Path, Any, Any, str]:
     """The policy directory, its env settings, its world, and a label for the report."""
     from envs import World
-    from harness.tiny_policy import EnvSettings
-    from harness.tiny_policy.pipeline import ARTIFACTS_FILE, PolicyArtifacts
+    from harness.tiny_policy import ARTIFACTS_FILE, PolicyArtifacts, tiny_env_config
 
     if args.random_policy:
         from envs import WorldConfig
 
         world = World.generate(args.seed, WorldConfig(questions_per_kind=4))
-        env = EnvSettings(max_turns=args.max_turns)
+        env = replace(tiny_env_config(), max_turns=args.max_turns)
         label = f"random-init, {args.max_turns} turns"
         return _random_policy(world, scratch / "policy"), env, world, label
     path = args.policy / ARTIFACTS_FILE
@@ -131,7 +129,7 @@ def _setup(args: Args, scratch: Path) -> tuple[Path, Any, Any, str]:
 
 def _backend(kind: str, policy: Path, tokenizer: Any, args: Args) -> Any:
     """A `PolicyBackend` of the given kind over the policy directory."""
-    from harness.backends import TransformersBackend, VLLMBackend
+    from harness.policies import TransformersBackend, VLLMBackend
 
     if kind == "transformers":
         return TransformersBackend(policy, tokenizer, seed=args.seed)
@@ -158,9 +156,8 @@ def main(args: Args) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from benchmarks.meta import run_meta
-    from harness.backends import SamplingParams
-    from harness.engine import TreeRolloutEngine
-    from harness.episodes import EpisodeCodec
+    from harness.policies import SamplingParams
+    from harness.rollout import EpisodeCodec, TreeRolloutEngine
     from retrieval.bm25 import BM25Retriever
     from trace_alloc import BudgetLimit, HashedNgramFeaturizer, MLPPredictor, make_allocator
 

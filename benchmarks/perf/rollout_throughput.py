@@ -1,13 +1,13 @@
 """Rollout throughput: a wave's searches in one batched retrieval call against one call each.
 
-The tree-rollout engine (`harness.engine.TreeRolloutEngine`) plays a wave of episodes turn by
-turn: one batched `generate`, then one env step per episode. This benchmark measures what the
+The tree-rollout engine (`harness.rollout.engine.TreeRolloutEngine`) plays a wave of episodes turn
+by turn: one batched `generate`, then one env step per episode. This benchmark measures what the
 env steps cost when every search goes to a real retrieval server on loopback
 (`tracerl serve-retriever` over a BM25 index of the synthetic world, in a subprocess), in two
 modes of the same engine:
 
 - `batched` (the default, `batch_tool_calls=True`): all searches of a turn go to the server in
-  one request (`harness.episodes.prefetch_searches`), and the envs read them from the cache;
+  one request (`harness.rollout.episodes.prefetch_searches`), and the envs read them from the cache;
 - `serial` (`batch_tool_calls=False`): each searching episode sends its own request, as the
   engine did before.
 
@@ -42,10 +42,9 @@ import tyro
 from benchmarks.meta import run_meta
 from benchmarks.perf.retrieval_server import start_server
 from envs import SearchQAEnv, World
-from harness.backends.base import Completion, SamplingParams
-from harness.engine import TreeRolloutEngine
-from harness.episodes import EpisodeCodec
-from harness.tiny_policy.config import default_world_config
+from harness.policies import Completion, SamplingParams
+from harness.rollout import EpisodeCodec, TreeRolloutEngine
+from harness.tiny_policy import default_world_config
 from retrieval import BM25Retriever, HTTPRetriever
 from retrieval.base import Hit, Retriever
 from retrieval.cache import CachedRetriever

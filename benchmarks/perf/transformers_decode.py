@@ -29,8 +29,7 @@ from typing import Any
 import torch
 import tyro
 
-from harness.backends import SamplingParams, TransformersBackend
-from harness.backends.base import STOP_STRINGS
+from harness.policies import STOP_STRINGS, SamplingParams, TransformersBackend
 
 
 @dataclass
@@ -55,9 +54,7 @@ class Args:
 def _model(args: Args) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
 
-    from harness.tiny_policy.config import ModelConfig
-    from harness.tiny_policy.model import build_model
-    from harness.tiny_policy.tokenizer import load_tokenizer, train_tokenizer
+    from harness.tiny_policy import ModelConfig, build_model, load_tokenizer, train_tokenizer
 
     if args.model_dir is not None:
         return AutoModelForCausalLM.from_pretrained(args.model_dir).eval(), load_tokenizer(

@@ -1,5 +1,6 @@
-"""Research runs: the demo, the headline experiment, the allocation simulator, the predictor study.
+"""Research runs: the headline experiment, the demo's studies, the simulator, the predictor study.
 
-`tracerl demo` runs the demo; `python -m benchmarks.research.experiment` the headline
-experiment. They may import `benchmarks.qa` and `benchmarks.meta`, never `benchmarks.perf`.
+`python -m benchmarks.research.experiment` runs the headline experiment. They import the harness
+through its rooms' faces (the demo's job is `harness.evaluation.run_demo`) and `benchmarks.meta`,
+never `benchmarks.perf` or the front door (`benchmarks.cli`, `benchmarks.demo`).
 """

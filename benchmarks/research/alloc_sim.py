@@ -3,10 +3,10 @@
 Question: at the same rollout budget, how much reward contrast does each allocator buy?
 
 The headline measure is the contrast per leaf: the mean, over every leaf of a step, of its
-tree's reward variance p (1 − p) (`harness.metrics_log.tree_health`). The effective ratio (the
-share of mixed prompts) is still reported, but it counts a 28-leaf tree with one flip as much as
-a group of 8 split 4/4, and an allocator tuned to it learned less (docs/decisions.md, "Budget
-density and Stage 2's placement").
+tree's reward variance p (1 − p) (`harness.training.metrics_log.tree_health`). The effective
+ratio (the share of mixed prompts) is still reported, but it counts a 28-leaf tree with one flip
+as much as a group of 8 split 4/4, and an allocator tuned to it learned less (docs/decisions.md,
+"Judging allocation").
 
 The simulated policy (docs/trace_alloc.md, "Simulation benchmark"):
 
@@ -63,7 +63,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from benchmarks.meta import run_meta
-from harness.metrics_log import tree_health
+from harness.training import tree_health
 from trace_alloc import (
     BudgetLimit,
     HashedNgramFeaturizer,

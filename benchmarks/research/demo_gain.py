@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.clone:
         record, make_run_seconds = _run_clone(work_dir)
     else:
-        from benchmarks.research.demo import DemoConfig, run_demo
+        from harness.evaluation import DemoConfig, run_demo
 
         record = run_demo(DemoConfig(run_dir=work_dir / "demo", progress=False))
         make_run_seconds = None

@@ -8,7 +8,7 @@ stream:
 - **methods**: `trace`, `uniform` (GRPO), `dynamic_sampling` (DAPO), `prompt_predictor`,
   `random_tree` (Tree-GRPO), `entropy_tree` (branch at the turn of highest policy entropy);
   a method is an allocator name, and everything else (engine, advantages, loss, optimizer) is
-  shared (`harness.trainer.train`);
+  shared (`harness.training.trainer.train`);
 - **series**: the budget counted in leaves per step, and in generated tokens per step (the
   token budget is the leaf budget times the start policy's measured tokens per episode);
 - **ablations** (leaf series): TRACE's Stage 1 x Stage 2 (uniform or active), the budget
@@ -20,8 +20,8 @@ stream:
 - **outputs**: sampled EM and F1 (mean, spread, paired differences against GRPO), the
   effective ratio, mixed anchors per step, the predictor's calibration, the budget in each
   currency and the wall time; `experiment-NAME.json`, `experiment-NAME.md` and
-  `experiment-NAME.png` in `--results-dir`, and the section between
-  `<!-- experiment:NAME -->` markers in `--results-md`.
+  `experiment-NAME.png` in `--results-dir` (a record there includes the .md in RESULTS.md:
+  `python -m benchmarks.records`).
 
 Every run lives in its own directory under `--out-dir`; its evaluations are cached next to it.
 Rerunning the command resumes: finished runs and evaluations are read back, and a killed run
@@ -57,7 +57,7 @@ import numpy as np
 import tyro
 
 from benchmarks.research.lr_axis import best_multiplier, check_disjoint, curve_table
-from harness.config import AllocatorSettings
+from harness.training import AllocatorSettings
 
 __all__ = ["ExperimentConfig", "RunSpec", "choose_rates", "cli", "main", "run_specs"]
 
@@ -82,7 +82,7 @@ class ExperimentConfig:
     """`python -m benchmarks.research.experiment`: TRACE vs the baselines at equal cost."""
 
     name: str = "full"
-    """Names the results files and the RESULTS.md section."""
+    """Names the results files (`experiment-NAME.{json,md,png}`; a record includes the .md)."""
     out_dir: Path = Path("runs/experiment")
     """Run directories (one per method, series, seed) and the cached evaluations."""
     policy_run_dir: Path = Path("runs/demo")
@@ -159,12 +159,10 @@ class ExperimentConfig:
     workers: int = 1
     """Runs trained at once (processes; one torch thread each)."""
     results_dir: Path = Path("benchmarks/results")
-    results_md: Path | None = Path("benchmarks/RESULTS.md")
-    """The RESULTS file whose experiment section is (re)written; None leaves it alone."""
     quick: bool = False
     """Reduced: TRACE, GRPO and DAPO, one seed, 6 steps of 32 leaves, no token series and no
-    ablations, 48 fresh-world questions, in OUT_DIR/quick; under 15 minutes with the tiny policy
-    cached."""
+    ablations, 48 fresh-world questions, in OUT_DIR/quick (its run time: benchmarks/RESULTS.md,
+    "The reduced run")."""
     progress: bool = True
     json: bool = False
     """Print one JSON object as the last line of stdout."""
@@ -355,7 +353,7 @@ def _continued_policy(root: Path, seed: int) -> Path:
 
 def _keep(config: ExperimentConfig, task: Any) -> bool:
     """Whether `task` is in the experiment's question set (`--questions`)."""
-    from harness.tiny_policy.pipeline import is_hard
+    from harness.tiny_policy import is_hard
 
     return config.questions == "all" or is_hard(task)
 
@@ -456,7 +454,7 @@ def _evaluate(
     test_sets: dict[str, Any],
 ) -> dict[str, Any]:
     """EM, F1 and tokens per episode of one policy on every test set (same seed for all)."""
-    from benchmarks.qa import evaluate_policy_dir
+    from harness.evaluation import evaluate_policy_dir
 
     max_new_tokens = artifacts.config.eval.max_action_tokens
     out: dict[str, Any] = {}
@@ -558,7 +556,7 @@ def _eval_key(config: ExperimentConfig) -> dict[str, Any]:
 def _train_config(
     spec: RunSpec, context: _Context, artifacts: Any, steps: int, resume: bool
 ) -> Any:
-    from harness.config import (
+    from harness.training import (
         AllocConfig,
         BudgetConfig,
         OptimConfig,
@@ -601,10 +599,8 @@ def _train_config(
 
 def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     """Train one run segment by segment, evaluating after each; resumes whatever is done."""
-    from harness.checkpoint import latest_checkpoint, policy_distance
-    from harness.metrics_log import read_metrics
-    from harness.tiny_policy.pipeline import load_artifacts
-    from harness.trainer import train
+    from harness.tiny_policy import load_artifacts
+    from harness.training import latest_checkpoint, policy_distance, read_metrics, train
 
     config = context.config
     run_dir = config.out_dir / spec.run_id
@@ -1117,19 +1113,6 @@ def _markdown(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def _write_section(path: Path, name: str, body: str) -> None:
-    """Replace (or append) the text between this experiment's markers in RESULTS.md."""
-    begin, end = f"<!-- experiment:{name} -->", f"<!-- /experiment:{name} -->"
-    text = path.read_text(encoding="utf-8") if path.exists() else ""
-    block = f"{begin}\n{body}\n{end}"
-    if begin in text and end in text:
-        head, rest = text.split(begin, 1)
-        text = head + block + rest.split(end, 1)[1]
-    else:
-        text = text.rstrip("\n") + f"\n\n### Experiment run `{name}`\n\n{block}\n"
-    path.write_text(text, encoding="utf-8")
-
-
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
@@ -1271,9 +1254,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         shlex.quote(a) for a in sys.argv[1:] if a != "--json"
     )
     body = _markdown(result, command.strip())
+    # RESULTS.md is generated from the records (`make results`), never written here
     files["markdown"].write_text(body + "\n", encoding="utf-8")
-    if config.results_md is not None:
-        _write_section(config.results_md, config.name, body)
     return result
 
 

@@ -12,7 +12,7 @@ weighted by leaves). Scores average the second half of the steps.
 
 Designs: the default (hashed head+tail n-grams, MLP 64, MSE), logistic regression, soft
 cross-entropy, a head-only encoding, no familiarity floor, and frozen MiniLM embeddings (head and
-tail, `harness.featurizers.MiniLMFeaturizer`) with the MLP and with logistic regression.
+tail, `harness.rollout.featurizers.MiniLMFeaturizer`) with the MLP and with logistic regression.
 
 Run: `python -m benchmarks.research.predictor_design --json` (`--quick` for a smoke test).
 """
@@ -35,16 +35,10 @@ from tqdm import tqdm
 from benchmarks.meta import run_meta
 from benchmarks.research.alloc_sim import Args as SimArgs
 from benchmarks.research.alloc_sim import SimExecutor, SimWorld
-from trace_alloc import (
-    BudgetLimit,
-    Featurizer,
-    HashedNgramFeaturizer,
-    MLPPredictor,
-    calibration_report,
-    make_allocator,
-    run_step,
-    training_examples,
-)
+from trace_alloc import BudgetLimit, HashedNgramFeaturizer, MLPPredictor, make_allocator, run_step
+from trace_alloc.base import Featurizer
+from trace_alloc.calibration import calibration_report
+from trace_alloc.tree import training_examples
 
 
 @dataclass
@@ -174,7 +168,7 @@ def main(args: Args) -> dict[str, Any]:
         ),
     }
     if args.minilm:
-        from harness.featurizers import MiniLMFeaturizer
+        from harness.rollout import MiniLMFeaturizer
 
         minilm = CachedFeaturizer(MiniLMFeaturizer())
         designs["MiniLM head+tail + MLP64"] = lambda: MLPPredictor(minilm, seed=args.seed)

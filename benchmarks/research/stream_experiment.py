@@ -89,8 +89,9 @@ class StreamExperimentConfig:
     run_dir: Path = Path("runs/stream_experiment")
     """One directory per run (`main-tokens-trace-lr1-s0`, ...), the start policy's evaluations."""
     steps: int = 20
-    """RL steps of every run (the demo takes 60, and gains 10 of its unseen-world points in the
-    first 20; 20 fit this box's time for the whole grid)."""
+    """RL steps of every run (the demo takes 60 and gains most of its unseen-world points early:
+    benchmarks/RESULTS.md, "The main job: `make run` from a fresh clone"; 20 fit this box's time
+    for the grid)."""
     eval_at: tuple[int, ...] = (10, 20)
     """Steps after which the main runs of `curve_arms` are evaluated on the test set (the last
     is `steps`, where every main run is)."""
@@ -205,7 +206,7 @@ class _Context:
 
 
 def _demo_config(config: StreamExperimentConfig, questions: int, samples: int) -> Any:
-    from benchmarks.research.demo import DemoConfig
+    from harness.evaluation import DemoConfig
 
     return DemoConfig(
         run_dir=config.run_dir,
@@ -239,7 +240,7 @@ def _build_sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> d
     `validation`; `test` (the curve's points); `test_final` (the test set at full samples, plus
     the fact-disjoint and decoy sets).
     """
-    from benchmarks.research.demo import demo_test_sets
+    from harness.evaluation import demo_test_sets
 
     if which == "validation":
         demo = _demo_config(config, config.validation_questions, config.validation_samples)
@@ -257,7 +258,7 @@ def _build_sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> d
 def _evaluate(policy_dir: Path, sets: Mapping[str, Any], config: StreamExperimentConfig,
               artifacts: Any) -> dict[str, Any]:  # fmt: skip
     """EM, tokens per episode and per-question EM of a policy on each set (one seeded stream)."""
-    from benchmarks.qa import evaluate_policy_dir, per_question_mean
+    from harness.evaluation import evaluate_policy_dir, per_question_mean
 
     out: dict[str, Any] = {}
     for name, (tasks, env_factory) in sets.items():
@@ -330,7 +331,7 @@ def _start_evals(
 
 def _check_worlds(config: StreamExperimentConfig, artifacts: Any) -> None:
     """Refuse test or validation worlds that the warm start or the stream has seen."""
-    from harness.config import TaskConfig
+    from harness.training import TaskConfig
 
     policy = artifacts.config
     demos = range(
@@ -351,8 +352,8 @@ def _check_worlds(config: StreamExperimentConfig, artifacts: Any) -> None:
 
 
 def _train_config(run: StreamRun, context: _Context, artifacts: Any, steps: int) -> Any:
-    from benchmarks.research.demo import demo_train_config
-    from harness.config import AllocConfig, BudgetConfig, OptimConfig
+    from harness.evaluation import demo_train_config
+    from harness.training import AllocConfig, BudgetConfig, OptimConfig
 
     config = context.config
     demo = demo_train_config(_demo_config(config, 1, 1), artifacts)
@@ -376,8 +377,7 @@ def _train_config(run: StreamRun, context: _Context, artifacts: Any, steps: int)
 
 def _train_to(run: StreamRun, context: _Context, artifacts: Any, steps: int) -> Path:
     """Train `run` up to `steps` (resuming what is done); returns its directory."""
-    from harness.checkpoint import latest_checkpoint
-    from harness.trainer import train
+    from harness.training import latest_checkpoint, train
 
     run_dir = context.config.run_dir / run.run_id
     checkpoint = latest_checkpoint(run_dir)
@@ -392,8 +392,8 @@ def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
     """Train and evaluate one run (in a worker process); returns its record."""
     import torch
 
-    from harness.metrics_log import read_metrics
-    from harness.tiny_policy.pipeline import load_artifacts
+    from harness.tiny_policy import load_artifacts
+    from harness.training import read_metrics
 
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -491,7 +491,7 @@ def _curve_em(record: Mapping[str, Any], at: int, last: int) -> float | None:
 
 def _paired(a: Mapping[int, float], b: Mapping[int, float]) -> dict[str, Any] | None:
     """The difference a − b over the seeds both have, with a 95 % t interval (None: < 2)."""
-    from benchmarks.qa import t_interval
+    from harness.evaluation import t_interval
 
     seeds = sorted(set(a) & set(b))
     if len(seeds) < 2:
@@ -705,7 +705,7 @@ def _markdown(result: Mapping[str, Any], command: str) -> str:
             lines.append(f"| {name} | {d['mean']:+.1f} | [{d['low']:+.1f}, {d['high']:+.1f}] "
                          f"(n = {d['n']}) |")  # fmt: skip
     lines += ["", "| arm | seeds | unseen EM (curve) | fact-disjoint | decoy | tokens | "
-              "optimizer steps | mean |dθ| | |θ_end − θ_start| | effective ratio |",
+              "optimizer steps | mean ‖Δθ‖ | ‖θ_end − θ_start‖ | effective ratio |",
               "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
 
     def f(x: Any, digits: int = 1) -> str:
@@ -753,7 +753,7 @@ def main(config: StreamExperimentConfig) -> dict[str, Any]:
     print(f"learning-rate multipliers chosen on validation: {chosen}", flush=True)
     records = [] if config.phase == "lr" else _run_all(runs_of(config, chosen), context)
     if records:  # the start's test evaluations, once the workers are done
-        from harness.tiny_policy.pipeline import load_artifacts
+        from harness.tiny_policy import load_artifacts
 
         artifacts = load_artifacts(context.policy_run_dir)
         start |= _start_evals(config, artifacts, ("test", "test_final"))

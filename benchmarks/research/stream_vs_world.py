@@ -1,6 +1,6 @@
 """RL on a stream of fresh worlds against RL on one world, at equal steps, judged on unseen worlds.
 
-Both arms start from the demo's warm start and run the demo's RL (`benchmarks.research.demo`:
+Both arms start from the demo's warm start and run the demo's RL (`harness.evaluation.demo`:
 TRACE, 48 leaves a step over pools of 12, lr 3e-4, no KL) for the same steps and seeds:
 
 - `stream`: `--task.source stream`, a freshly generated world per step (what `make run` does);
@@ -31,13 +31,15 @@ from typing import Any, Literal
 
 import tyro
 
-from benchmarks.qa import Report, per_question_mean, t_interval
-from benchmarks.research.demo import (
+from harness.evaluation import (
     DemoConfig,
+    Report,
     demo_test_sets,
     demo_train_config,
     evaluate_test_sets,
     kind_em,
+    per_question_mean,
+    t_interval,
     train_or_reuse,
 )
 

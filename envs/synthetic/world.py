@@ -200,8 +200,8 @@ class World:
 
         A fact's answer is fixed by its subject and relation, so the pair names the fact.
         Two questions that share no pair share no fact: the fact-disjoint held-out set
-        (`harness.task_sources`) keeps the questions none of whose facts a training question
-        chains.
+        (`harness.training.task_sources`) keeps the questions none of whose facts a training
+        question chains.
 
         Raises:
             KeyError: no such question.

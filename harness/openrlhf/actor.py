@@ -31,7 +31,7 @@ subclass, which adds no state.
 
 from __future__ import annotations
 
-from harness.openrlhf_compat import ensure_flash_attn
+from harness.training.openrlhf_compat import ensure_flash_attn
 
 ensure_flash_attn()  # openrlhf.trainer.ray.ppo_actor imports openrlhf.models (openrlhf_compat.py)
 

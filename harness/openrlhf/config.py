@@ -8,22 +8,53 @@ OpenRLHF's own parser and read from there, never declared twice. The leaf budget
 OpenRLHF's `--rollout.batch_size x --rollout.n_samples_per_prompt`: the trajectories GRPO would
 sample from the same flags, so the comparison is at equal cost by construction.
 
-The allocator and the predictor take the CPU trainer's config types (`harness.config`): the
-allocator is named and set with trace_alloc's own dataclasses, so every field of every allocator
-is a flag (`--alloc.name trace --alloc.trace.max-per-prompt 8`, `--alloc.name uniform
---alloc.uniform.group-size 8`). It imports neither OpenRLHF nor torch.
+The allocator, the predictor and the tree advantage take the CPU trainer's config types
+(`harness.training.config`), and every concept has the flag it has in `tracerl train` (`--alloc.*`,
+`--predictor.*`, `--loss.advantage`, `--budget.currency`, `--abort.*`, `--seed`; the env is
+`--env.*` here and `--task.env.*` there, the same `SearchQAConfig`). The allocator is named and
+set with trace_alloc's own dataclasses, so every field of every allocator is a flag
+(`--alloc.name trace --alloc.trace.max-per-prompt 8`, `--alloc.name uniform
+--alloc.uniform.group-size 8`). The old names `--advantage`, `--currency` and
+`--tokens-per-step` still work, with a warning (`harness.training.config.RENAMED_FLAGS`). It imports
+neither OpenRLHF nor torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from envs.search_qa import SearchQAConfig
-from harness.config import AbortConfig, AllocConfig, PredictorConfig
+from harness.training.config import (
+    AbortConfig,
+    AdvantageConfig,
+    AllocConfig,
+    Currency,
+    PredictorConfig,
+)
 
-__all__ = ["TreeTrainConfig"]
+__all__ = ["TreeBudgetConfig", "TreeTrainConfig"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class TreeBudgetConfig:
+    """The equal-cost budget of a tree step (`--budget.*`, as in `tracerl train`)."""
+
+    currency: Currency = "leaves"
+    """`leaves`: OpenRLHF's `--rollout.batch_size x --rollout.n_samples_per_prompt` rollouts
+    per step; `tokens`: `per_step` generated tokens."""
+    per_step: int | None = None
+    """Generated tokens per step; required with `--budget.currency tokens` (a leaf budget comes
+    from OpenRLHF's flags)."""
+
+    def __post_init__(self) -> None:
+        if self.currency == "tokens" and (self.per_step is None or self.per_step < 1):
+            raise ValueError("--budget.currency tokens needs --budget.per-step > 0")
+        if self.currency == "leaves" and self.per_step is not None:
+            raise ValueError(
+                "--budget.per-step is only read with --budget.currency tokens (a leaf budget is "
+                "OpenRLHF's --rollout.batch_size x --rollout.n_samples_per_prompt)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,12 +70,10 @@ class TreeTrainConfig:
     or a local index directory (`tracerl index build`)."""
     alloc: AllocConfig = field(default_factory=AllocConfig)
     """Which allocator spends the rollout budget (`--alloc.name`), with its settings."""
-    advantage: Literal["grpo", "tree_grpo", "treerl"] = "tree_grpo"
-    """Tree advantage (`trace_alloc.tree_advantages`)."""
-    currency: Literal["leaves", "tokens"] = "leaves"
-    """The budget's limiting currency. Leaves: rollout.batch_size x n_samples_per_prompt."""
-    tokens_per_step: int | None = None
-    """Generated tokens per step; required when `currency` is `tokens`."""
+    loss: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """The tree advantage (`--loss.advantage`); OpenRLHF's flags set the rest of the loss."""
+    budget: TreeBudgetConfig = field(default_factory=TreeBudgetConfig)
+    """The budget's currency and, for tokens, its size per step."""
     env: SearchQAConfig = field(default_factory=SearchQAConfig)
     """Search-R1 environment: turns, documents per search, reward, prompt template."""
     env_from_policy: bool = True
@@ -64,7 +93,7 @@ class TreeTrainConfig:
     per-request sampling path); off, the engines' own generators sample (`--train.seed`)."""
     abort: AbortConfig = field(default_factory=AbortConfig)
     """When the run stops itself: K tree steps in a row with most episodes failed (a dead
-    retriever), with the cause in one line (`harness.run_guard`)."""
+    retriever), with the cause in one line (`harness.training.run_guard`)."""
     engine_timeout_s: float = 600.0
     """A turn's generate requests must all finish within this, or the step fails with a clear
     error (a hung vLLM engine would otherwise block the controller forever)."""
@@ -81,9 +110,5 @@ class TreeTrainConfig:
     the leaves with a training signal per step (`harness.openrlhf.rehearsal`)."""
 
     def __post_init__(self) -> None:
-        if self.currency == "tokens" and (self.tokens_per_step is None or self.tokens_per_step < 1):
-            raise ValueError("currency='tokens' needs --tokens-per-step > 0")
-        if self.currency == "leaves" and self.tokens_per_step is not None:
-            raise ValueError("--tokens-per-step is only read with --currency tokens")
         if self.rehearse_steps and not self.check_only:
             raise ValueError("--rehearse-steps is a --check-only option")

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 import torch
 
-from trace_alloc import LeafAdvantage, RolloutTree, TokenAdvantages
+from trace_alloc import RolloutTree
+from trace_alloc.advantages import LeafAdvantage, TokenAdvantages
 
 if TYPE_CHECKING:
     from openrlhf.trainer.ppo_utils.experience import Experience

@@ -24,7 +24,7 @@ scalar rewards, which no longer drive the advantages; the launcher rejects them.
 
 from __future__ import annotations
 
-from harness.openrlhf_compat import ensure_flash_attn
+from harness.training.openrlhf_compat import ensure_flash_attn
 
 ensure_flash_attn()  # openrlhf.models (imported below) needs flash_attn; see openrlhf_compat.py
 

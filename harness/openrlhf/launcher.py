@@ -35,7 +35,10 @@ from typing import Any
 
 import tyro
 
-from harness.doctor import (
+from harness.errors import HarnessError
+from harness.openrlhf.config import TreeTrainConfig
+from harness.training.config import renamed_flags
+from harness.training.doctor import (
     Check,
     Probes,
     Target,
@@ -45,8 +48,6 @@ from harness.doctor import (
     is_loopback_url,
     node_report,
 )
-from harness.errors import HarnessError
-from harness.openrlhf.config import TreeTrainConfig
 
 __all__ = [
     "FLASH_ATTN_FREE_DEFAULTS",
@@ -125,7 +126,7 @@ def _check_version() -> None:
 
 
 def _with_defaults(argv: Sequence[str]) -> list[str]:
-    from harness.openrlhf_compat import flash_attn_installed
+    from harness.training.openrlhf_compat import flash_attn_installed
 
     given = {arg.split("=", 1)[0] for arg in argv if arg.startswith("--")}
     defaults = dict(OPENRLHF_DEFAULTS)
@@ -152,7 +153,7 @@ def parse_openrlhf_args(argv: Sequence[str]) -> Any:
         SystemExit: argparse's answer to a bad flag or `--help` (usage printed by argparse).
     """
     _check_version()
-    from harness.openrlhf_compat import ensure_flash_attn
+    from harness.training.openrlhf_compat import ensure_flash_attn
 
     ensure_flash_attn()
     import openrlhf.cli.train_ppo_ray as script
@@ -210,7 +211,7 @@ def check_openrlhf_args(args: Any) -> None:
     if args.algo.advantage.estimator == "gae":
         problems.append(
             "--algo.advantage.estimator gae needs a critic; tree advantages need none "
-            "(choose the tree advantage with trace-rl's --advantage)"
+            "(choose the tree advantage with trace-rl's --loss.advantage)"
         )
     if args.train.agent_func_path:
         problems.append("--train.agent_func_path: the tree engine is the agent; drop the flag")
@@ -251,7 +252,7 @@ def check_openrlhf_args(args: Any) -> None:
             f"{ref_layout[1]}, actor {actor_layout[0]} x {actor_layout[1]} (they share one "
             "placement group)"
         )
-    from harness.openrlhf_compat import flash_attn_installed
+    from harness.training.openrlhf_compat import flash_attn_installed
 
     if not flash_attn_installed():
         if args.ds.attn_implementation.startswith("flash_attention"):
@@ -298,6 +299,7 @@ def parse_args(argv: Sequence[str]) -> tuple[TreeTrainConfig, Any]:
         SystemExit: a bad flag or `--help`.
     """
     ours, theirs = split_argv(argv)
+    ours = renamed_flags(ours)
     config, unknown = tyro.cli(TreeTrainConfig, args=ours, return_unknown_args=True, prog=PROG)
     args = parse_openrlhf_args([*theirs, *unknown])
     check_openrlhf_args(args)
@@ -319,7 +321,11 @@ def _with_policy_env(
         HarnessError: `--env-from-policy` was given and the policy records no protocol, or the
             file is unreadable.
     """
-    from harness.policy_protocol import ENV_FIELDS, PolicyProtocolError, read_policy_protocol
+    from harness.policies.policy_protocol import (
+        ENV_FIELDS,
+        PolicyProtocolError,
+        read_policy_protocol,
+    )
 
     try:
         protocol = read_policy_protocol(policy_dir) if Path(policy_dir).is_dir() else None
@@ -460,7 +466,7 @@ def check_layout(config: TreeTrainConfig, args: Any, probes: Probes | None = Non
     Args:
         config: trace-rl's flags.
         args: OpenRLHF's parsed flags.
-        probes: `harness.doctor.Probes` (tests inject them); default this machine's.
+        probes: `harness.training.doctor.Probes` (tests inject them); default this machine's.
     """
     probes = probes or Probes.local()
     nodes = int(args.actor.num_nodes)
@@ -546,7 +552,7 @@ def refuse_failures(checks: Sequence[Check], what: str) -> None:
 def preflight_nodes(target: Target) -> None:
     """`tracerl doctor` on every alive Ray node, one task pinned to each, before anything starts.
 
-    Every node answers `harness.doctor.node_report`; `compare_nodes` turns the answers into
+    Every node answers `harness.training.doctor.node_report`; `compare_nodes` turns the answers into
     checks (the same Ray version as the driver's, each node's own failures).
 
     Raises:
@@ -588,14 +594,15 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
     Every Ray worker (model actors, vLLM engines, the trainer) gets OpenRLHF's environment
     defaults that `environ` does not set (one it sets comes from the job's runtime env or from
     the shell of `ray start`). Without flash-attn installed, every worker also
-    runs `harness.openrlhf_compat.ensure_flash_attn` before anything else (Ray's worker set-up
-    hook): OpenRLHF's model actors import `openrlhf.models`, which imports flash-attn's helpers
-    at module level, and they never import trace-rl's modules that would install the stand-in.
+    runs `harness.training.openrlhf_compat.ensure_flash_attn` before anything else (Ray's worker
+    set-up hook): OpenRLHF's model actors import `openrlhf.models`, which imports flash-attn's
+    helpers at module level, and they never import trace-rl's modules that would install the
+    stand-in.
 
     Args:
         environ: The driver's environment (`os.environ`).
     """
-    from harness.openrlhf_compat import flash_attn_installed
+    from harness.training.openrlhf_compat import flash_attn_installed
 
     defaults = {
         "TOKENIZERS_PARALLELISM": "true",
@@ -608,12 +615,14 @@ def ray_runtime_env(environ: Mapping[str, str]) -> dict[str, Any]:
         "env_vars": {k: v for k, v in defaults.items() if k not in environ}
     }
     if not flash_attn_installed():
-        runtime_env["worker_process_setup_hook"] = "harness.openrlhf_compat.ensure_flash_attn"
+        runtime_env["worker_process_setup_hook"] = (
+            "harness.training.openrlhf_compat.ensure_flash_attn"
+        )
     return runtime_env
 
 
 def main(argv: Sequence[str]) -> int:
-    """Entry point of `tracerl train --backend openrlhf` (`harness.cli.train` dispatches here).
+    """Entry point of `tracerl train --backend openrlhf` (the `tracerl` table routes here).
 
     Args:
         argv: trace-rl's flags, `--`, OpenRLHF's flags (without `--backend openrlhf`).
@@ -649,11 +658,14 @@ def run_size(config: TreeTrainConfig, args: Any) -> str:
 
     leaves = args.rollout.batch_size * args.rollout.n_samples_per_prompt
     budget = (
-        f"{leaves} leaves" if config.currency == "leaves" else f"{config.tokens_per_step} tokens"
+        f"{leaves} leaves"
+        if config.budget.currency == "leaves"
+        else f"{config.budget.per_step} tokens"
     )
     return (
         f"{args.actor.model_name_or_path}: {type(config.alloc.build()).__name__} allocator, "
-        f"{config.advantage} advantages, {args.rollout.batch_size} prompts and {budget} per step, "
+        f"{config.loss.advantage} advantages, {args.rollout.batch_size} prompts and {budget} "
+        "per step, "
         f"samples padded to a multiple of {batch_unit(args)}; "
         f"actor {args.actor.num_nodes}x{args.actor.num_gpus_per_node} GPUs "
         f"(ZeRO-{args.ds.zero_stage}), "

@@ -100,8 +100,8 @@ def tree_step_generator(
     """
     from transformers import AutoTokenizer
 
-    from harness.backends import TransformersBackend
     from harness.openrlhf.samples import TreeSamplesGenerator
+    from harness.policies import TransformersBackend
 
     model_dir = args.actor.model_name_or_path
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

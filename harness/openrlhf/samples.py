@@ -4,9 +4,9 @@ OpenRLHF 0.11.2's `SamplesGenerator.generate_samples` sends each prompt to one v
 `--rollout.n_samples_per_prompt` independent agent runs. A TRACE step is different: the allocator
 decides, wave by wave, how many rollouts each prompt of the pool gets and at which turn prefixes
 the trees fork (docs/design.md §1), so the number of leaves per prompt varies. So this subclass
-replaces generation with one call to `harness.engine.TreeRolloutEngine.run_step`, whose policy is
-`RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and keeps in sync; after the
-step it:
+replaces generation with one call to `harness.rollout.engine.TreeRolloutEngine.run_step`, whose
+policy is `RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and keeps in sync;
+after the step it:
 
 1. trains the predictor Ṽψ on the step's tree targets (after measuring its calibration on them);
 2. computes per-turn tree advantages (`trace_alloc.tree_advantages`) on the trees the allocator
@@ -14,7 +14,7 @@ step it:
 3. turns every leaf into an `Experience` with those advantages already in place
    (`harness.openrlhf.experience`), for `TreeExperienceMaker` to keep;
 4. drops the leaves whose advantages are all zero, leaves out of the advantages those that a
-   fault ended (`harness.engine.leaves_to_train`), and pads the count to a multiple of the
+   fault ended (`harness.rollout.engine.leaves_to_train`), and pads the count to a multiple of the
    training batch with short zero-weight fillers (action mask 0), because OpenRLHF splits a
    step's samples evenly over its data-parallel ranks. Neither counts in OpenRLHF's loss
    normalisers, so the objective is the CPU trainer's (docs/decisions.md, "One objective").
@@ -26,7 +26,7 @@ the task, so OpenRLHF's prompt string is only kept to group evaluation results.
 
 from __future__ import annotations
 
-from harness.openrlhf_compat import ensure_flash_attn
+from harness.training.openrlhf_compat import ensure_flash_attn
 
 ensure_flash_attn()  # openrlhf's trainer modules import openrlhf.models; see openrlhf_compat.py
 
@@ -45,14 +45,8 @@ import torch  # noqa: E402
 from openrlhf.trainer.ppo_utils.experience import Experience  # noqa: E402
 from openrlhf.trainer.ppo_utils.samples_generator import SamplesGenerator  # noqa: E402
 
-from envs import QATask, SearchQAEnv, TaskSet  # noqa: E402
-from harness.backends.base import PolicyBackend, SamplingParams  # noqa: E402
-from harness.backends.openrlhf_ray import RayEnginesBackend  # noqa: E402
-from harness.checkpoint import write_dir_atomic  # noqa: E402
-from harness.engine import TreeRolloutEngine, leaves_to_train  # noqa: E402
-from harness.episodes import EpisodeCodec, run_episodes  # noqa: E402
+from envs import QATask, TaskSet  # noqa: E402
 from harness.errors import EngineTimeoutError, HarnessError  # noqa: E402
-from harness.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience import (  # noqa: E402
     actor_ranks,
@@ -63,14 +57,16 @@ from harness.openrlhf.experience import (  # noqa: E402
     spread_over_ranks,
     token_advantages_of_episode,
 )
-from harness.run_guard import check_retriever  # noqa: E402
+from harness.policies.base import PolicyBackend, SamplingParams  # noqa: E402
+from harness.policies.openrlhf_ray import RayEnginesBackend  # noqa: E402
+from harness.rollout.engine import TreeRolloutEngine, leaves_to_train  # noqa: E402
+from harness.rollout.episodes import EpisodeCodec, run_episodes  # noqa: E402
+from harness.training.checkpoint import write_dir_atomic  # noqa: E402
+from harness.training.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
+from harness.training.run_guard import check_retriever  # noqa: E402
 from retrieval.indexes import make_retriever  # noqa: E402
-from trace_alloc import (  # noqa: E402
-    BudgetLimit,
-    Spend,
-    StepResult,
-    learn_from_step,
-)
+from trace_alloc import BudgetLimit, StepResult, learn_from_step  # noqa: E402
+from trace_alloc.budget import Spend  # noqa: E402
 
 __all__ = ["STATE_SCHEMA_VERSION", "ChatTemplateCodec", "TreeSamplesGenerator"]
 
@@ -145,7 +141,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         tasks = TaskSet(self._tasks_from_labels(loaders))
         retriever = make_retriever(config.retriever)
         check_retriever(retriever)  # from the trainer's node: where the envs run
-        self.env = SearchQAEnv(tasks, retriever, **dataclasses.asdict(config.env))
+        self.env = config.env.make_env(tasks, retriever)
         codec_cls = ChatTemplateCodec if args.data.apply_chat_template else EpisodeCodec
         self.codec = codec_cls(tokenizer)
         self.sampling = SamplingParams(
@@ -164,11 +160,11 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.predictor = config.predictor.build(seed=config.seed)
         per_step = (
             args.rollout.batch_size * args.rollout.n_samples_per_prompt
-            if config.currency == "leaves"
-            else config.tokens_per_step
+            if config.budget.currency == "leaves"
+            else config.budget.per_step
         )
-        assert per_step is not None  # TreeTrainConfig checks tokens_per_step
-        self.budget = BudgetLimit(currency=config.currency, per_step=per_step)
+        assert per_step is not None  # TreeBudgetConfig checks it
+        self.budget = BudgetLimit(currency=config.budget.currency, per_step=per_step)
         self.rng = np.random.default_rng(config.seed)
         self.eval_rng = np.random.default_rng([config.seed, 1])  # evaluation never shifts training
         self.unit = batch_unit(args)
@@ -184,9 +180,9 @@ class TreeSamplesGenerator(SamplesGenerator):
             "tree rollouts: allocator %s, %s budget %d per step, %s advantages, %d tasks, "
             "samples padded to a multiple of %d",
             type(config.alloc.build()).__name__,
-            config.currency,
+            config.budget.currency,
             per_step,
-            config.advantage,
+            config.loss.advantage,
             len(tasks),
             self.unit,
         )
@@ -335,7 +331,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         kept = [result.trees[i] for i in result.train_indices]
         # leaves without signal carry no weight and leaves a fault ended are left out of the
         # advantages, as in the CPU trainer (docs/decisions.md)
-        leaves, n_failed = leaves_to_train(kept, self.config.advantage)
+        leaves, n_failed = leaves_to_train(kept, self.config.loss.advantage)
         experiences = experiences_from_leaves(
             kept,
             leaves,

@@ -11,7 +11,7 @@ own `fit` loop, which adds the tree metrics and saves the predictor with every c
 
 from __future__ import annotations
 
-from harness.openrlhf_compat import ensure_flash_attn
+from harness.training.openrlhf_compat import ensure_flash_attn
 
 ensure_flash_attn()  # openrlhf.trainer.ppo_trainer imports openrlhf.models; see openrlhf_compat.py
 
@@ -30,12 +30,12 @@ from openrlhf.trainer.ppo_trainer import (  # noqa: E402
 )
 from openrlhf.utils.utils import get_tokenizer  # noqa: E402
 
-from harness.metrics_log import MetricsLog  # noqa: E402
 from harness.openrlhf.actor import tree_steps  # noqa: E402
 from harness.openrlhf.config import TreeTrainConfig  # noqa: E402
 from harness.openrlhf.experience_maker import TreeExperienceMaker  # noqa: E402
 from harness.openrlhf.samples import TreeSamplesGenerator  # noqa: E402
-from harness.run_guard import FailureStreak, failure_cause  # noqa: E402
+from harness.training.metrics_log import MetricsLog  # noqa: E402
+from harness.training.run_guard import FailureStreak, failure_cause  # noqa: E402
 
 __all__ = ["TreePPOTrainer", "TreePPOTrainerBase"]
 
@@ -205,7 +205,7 @@ class TreePPOTrainerBase(BasePPOTrainer):
         status.update(self.samples_generator.last_metrics)
         status["timing/generation"] = generation_s
         status["timing/step_total"] = sum(v for k, v in status.items() if k.startswith("timing/"))
-        # the names `tracerl plot` draws (harness.metrics_log.PANELS)
+        # the names `tracerl plot` draws (harness.training.metrics_log.PANELS)
         status["perf/step_s"] = status["timing/step_total"]
         if "policy_loss" in status:
             status["loss/policy"] = status["policy_loss"]

@@ -9,70 +9,63 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from envs.search_qa import SearchQAConfig
 from envs.synthetic.config import WorldConfig
 
-if TYPE_CHECKING:
-    from collections.abc import Sequence
-
-    from envs import SearchQAEnv
-    from envs.tasks import QATask
-    from harness.policy_protocol import PolicyProtocol
-    from retrieval.base import Retriever
-
 __all__ = [
+    "ENV_RECIPE_FIELDS",
     "RECIPE_VERSION",
     "DemonstrationConfig",
-    "EnvSettings",
     "InitModelArgs",
     "ModelConfig",
     "SFTConfig",
     "TinyPolicyConfig",
     "WarmStartEvalConfig",
     "default_world_config",
+    "env_record",
+    "tiny_env_config",
 ]
 
 RECIPE_VERSION = 2
 """Bumped when the code changes what a config builds, so old caches are not reused."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class EnvSettings:
-    """The env a tiny policy is trained for (and that RL must use unchanged)."""
+ENV_RECIPE_FIELDS = ("max_turns", "top_k", "max_doc_chars", "prompt_template")
+"""The env settings the recipe has always recorded. The other `SearchQAConfig` fields enter a
+config's record (and hash) only when set away from their defaults, so the hash of a recipe
+written before the env settings were one type (the shipped warm start's) is unchanged."""
 
-    max_turns: int = 8
-    """Actions per episode: room for a 4-hop question, one wrong query and a re-query."""
-    top_k: int = 2
-    """Documents per search. Two keep observations short (docs/tiny_policy.md)."""
-    max_doc_chars: int = 240
-    """Each document is cut to this many characters."""
-    prompt_template: str = "Question: {question}\n"
-    """A from-scratch policy needs no instructions; every prompt token costs training time."""
 
-    def make_env(
-        self, tasks: Sequence[QATask], retriever: Retriever, **env_kwargs: Any
-    ) -> SearchQAEnv:
-        """A `SearchQAEnv` with these settings (`env_kwargs`: its other arguments)."""
-        from envs import SearchQAEnv
+def tiny_env_config() -> SearchQAConfig:
+    """The env a tiny policy is trained for (and that RL must use unchanged).
 
-        return SearchQAEnv(
-            tasks,
-            retriever,
-            max_turns=self.max_turns,
-            top_k=self.top_k,
-            max_doc_chars=self.max_doc_chars,
-            prompt_template=self.prompt_template,
-            **env_kwargs,
-        )
+    8 turns leave room for a 4-hop question, one wrong query and a re-query; 2 documents of
+    240 characters keep observations short (docs/tiny_policy.md); a from-scratch policy needs
+    no instructions, and every prompt token costs training time.
+    """
+    return SearchQAConfig(
+        max_turns=8, top_k=2, max_doc_chars=240, prompt_template="Question: {question}\n"
+    )
 
-    def protocol(self, world_seed: int | None, world: WorldConfig | None) -> PolicyProtocol:
-        """The `policy_protocol.json` of a policy trained in this env (and world, if synthetic)."""
-        from harness.policy_protocol import PolicyProtocol
 
-        return PolicyProtocol(**asdict(self), world_seed=world_seed, world=world)
+def env_record(env: SearchQAConfig) -> dict[str, Any]:
+    """`env` as a recipe records it: `ENV_RECIPE_FIELDS`, plus any other field not at its default.
+
+    >>> env_record(tiny_env_config())["max_turns"], "reward" in env_record(tiny_env_config())
+    (8, False)
+    >>> env_record(SearchQAConfig(reward="f1"))["reward"]
+    'f1'
+    """
+    default = SearchQAConfig()
+    return {
+        f.name: getattr(env, f.name)
+        for f in fields(SearchQAConfig)
+        if f.name in ENV_RECIPE_FIELDS or getattr(env, f.name) != getattr(default, f.name)
+    }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -223,7 +216,8 @@ class TinyPolicyConfig:
     world_seed: int = 0
     """The target world (the one RL trains and is evaluated on)."""
     world: WorldConfig = field(default_factory=default_world_config)
-    env: EnvSettings = field(default_factory=EnvSettings)
+    env: SearchQAConfig = field(default_factory=tiny_env_config)
+    """The env the policy is trained for; its record is `env_record`'s."""
     vocab_size: int = 2048
     """Byte-level BPE vocabulary, tags and special tokens included."""
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -232,8 +226,8 @@ class TinyPolicyConfig:
     eval: WarmStartEvalConfig = field(default_factory=WarmStartEvalConfig)
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict (tuples become lists)."""
-        return json.loads(json.dumps(asdict(self)))
+        """A JSON-safe dict (tuples become lists; the env as `env_record` writes it)."""
+        return json.loads(json.dumps({**asdict(self), "env": env_record(self.env)}))
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> TinyPolicyConfig:
@@ -245,7 +239,7 @@ class TinyPolicyConfig:
         return cls(
             world_seed=record["world_seed"],
             world=WorldConfig(**world),
-            env=EnvSettings(**record["env"]),
+            env=SearchQAConfig(**record["env"]),
             vocab_size=record["vocab_size"],
             model=ModelConfig(**record["model"]),
             demos=DemonstrationConfig(**record["demos"]),
@@ -277,8 +271,8 @@ class InitModelArgs:
     run_dir: Path = Path("runs/demo")
     """The policy goes to RUN_DIR/tiny_policy/policy (a standard transformers directory)."""
     force: bool = False
-    """Rebuild from scratch (15-25 min on 2 cores), even if a policy built from the same config
-    is cached there or shipped with the package."""
+    """Rebuild from scratch (its time: benchmarks/RESULTS.md, "Tiny policy"), even if a policy
+    built from the same config is cached there or shipped with the package."""
     progress: bool = True
     """Draw progress bars on stderr."""
     policy: TinyPolicyConfig = field(default_factory=TinyPolicyConfig)

@@ -15,10 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from envs import OracleAgent, SearchQAEnv, World
+from envs import OracleAgent, SearchQAConfig, SearchQAEnv, World
 from envs.tasks import QATask
-from harness.episodes import EpisodeCodec, question_kind
-from harness.tiny_policy.config import EnvSettings
+from harness.rollout.episodes import EpisodeCodec, question_kind
 from retrieval.bm25 import BM25Retriever
 
 __all__ = ["Demo", "DemoPiece", "EncodedDemo", "collect_demos", "encode_demo"]
@@ -65,7 +64,7 @@ class EncodedDemo:
 def collect_demos(
     world: World,
     tasks: Sequence[QATask],
-    settings: EnvSettings,
+    settings: SearchQAConfig,
     *,
     epsilon: float,
     n_variants: int = 1,

@@ -16,11 +16,11 @@ Layout under `run_dir/tiny_policy/`:
 Both are written to a temporary directory first and renamed into place, so an interrupted run
 never leaves a half-written cache behind.
 
-The default recipe's warm start is also shipped with the package (`SHIPPED_DIR`): building it
-takes 15-25 minutes on 2 cores, which would leave `make run` no time for RL. When the config
-hash of the request matches the shipped record, `init_model` copies the shipped files into the
-run directory instead of training; `force=True` (`tracerl init-model --force`) always rebuilds
-from scratch.
+The default recipe's warm start is also shipped with the package (`SHIPPED_DIR`): building it takes
+longer than all of `make run` on 2 cores (benchmarks/RESULTS.md, "Tiny policy"). When the config
+hash of the request matches the shipped record, `init_model` copies the shipped files into the run
+directory instead of training; `force=True` (`tracerl init-model --force`) always rebuilds from
+scratch.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from envs import SearchQAEnv, World
 from envs.tasks import QATask
-from harness.episodes import EpisodeCodec, PolicyEval, evaluate_policy
+from harness.policies.policy_protocol import PolicyProtocol
+from harness.rollout.episodes import EpisodeCodec, PolicyEval, evaluate_policy
 from harness.tiny_policy.config import TinyPolicyConfig
 from retrieval.bm25 import BM25Retriever
 
@@ -256,7 +257,7 @@ def init_model(
 
     import torch
 
-    from harness.backends.transformers_backend import TransformersBackend
+    from harness.policies.transformers_backend import TransformersBackend
     from harness.tiny_policy.demos import collect_demos, encode_demo
     from harness.tiny_policy.model import build_model, count_parameters, save_policy
     from harness.tiny_policy.sft import select_checkpoint, train_sft
@@ -356,7 +357,7 @@ def init_model(
     tmp = _fresh_tmp(policy_dir)
     save_policy(model, tokenizer, tmp)
     (tmp / ARTIFACTS_FILE).write_text(json.dumps(artifacts.to_json(), indent=1) + "\n")
-    config.env.protocol(config.world_seed, config.world).write(tmp)
+    PolicyProtocol.of(config.env, world_seed=config.world_seed, world=config.world).write(tmp)
     _replace_dir(tmp, policy_dir)
     log.info("wrote the tiny policy to %s in %.0f s", policy_dir, sft["total_wall_s"])
     return artifacts

@@ -12,6 +12,7 @@ from env_fakes import DOCS, SMALL, TASKS, FakeRetriever
 
 import envs
 from envs import RetrievalFailedError, SearchQAEnv, World
+from envs.errors import UnforkableWrapperError
 from retrieval import HTTPRetriever, RequestRejected, RetrieverUnavailable
 
 WORLD = World.generate(1, SMALL)
@@ -79,7 +80,7 @@ def test_the_unforkable_wrapper_advice_runs_and_gives_a_forkable_env():
     try:
         kwargs = {"tasks": TASKS, "retriever": FakeRetriever(DOCS)}
         checked = gym.make("trace_rl_test/Checked-v0", **kwargs)
-        with pytest.raises(envs.UnforkableWrapperError) as info:
+        with pytest.raises(UnforkableWrapperError) as info:
             envs.fork(checked)
         advice = str(info.value).split("go with ", 1)[1]
         assert advice.startswith("gym.make(")

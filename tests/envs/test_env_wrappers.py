@@ -13,10 +13,10 @@ from envs import (
     ForkableWrapper,
     SearchQAEnv,
     SnapshotError,
-    UnforkableWrapperError,
-    WrapperSnapshot,
     snapshot_from_dict,
 )
+from envs.errors import UnforkableWrapperError
+from envs.snapshot import WrapperSnapshot
 
 
 def _metered(max_tool_calls=None) -> BudgetMeter:

@@ -7,7 +7,6 @@ import pytest
 from env_fakes import DOCS, TASKS, BrokenRetriever, FakeRetriever
 
 from envs import (
-    ActionTypeError,
     EnvConfigError,
     EnvSnapshot,
     EpisodeStateError,
@@ -16,6 +15,7 @@ from envs import (
     SnapshotError,
     UnknownTaskError,
 )
+from envs.errors import ActionTypeError
 from envs.protocol import MAX_TEXT_CHARS
 
 INFO_KEYS = {

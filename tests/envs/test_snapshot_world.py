@@ -7,8 +7,9 @@ import json
 import pytest
 
 import envs
-from envs import EnvSnapshot, SearchQAEnv, SnapshotError, World, WrapperSnapshot
+from envs import EnvSnapshot, SearchQAEnv, SnapshotError, World
 from envs.errors import SnapshotMismatchError
+from envs.snapshot import WrapperSnapshot
 from retrieval import BM25Retriever
 
 

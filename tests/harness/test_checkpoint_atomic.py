@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.checkpoint import write_dir_atomic
+from harness.training.checkpoint import write_dir_atomic
 
 
 def test_a_write_that_dies_midway_leaves_the_previous_directory_whole(tmp_path):
@@ -31,7 +31,7 @@ def _save(run_dir, step, keep=2):
     import numpy as np
     import torch
 
-    from harness.checkpoint import save_checkpoint
+    from harness.training.checkpoint import save_checkpoint
 
     return save_checkpoint(
         run_dir,
@@ -45,7 +45,7 @@ def _save(run_dir, step, keep=2):
 
 
 def test_pruning_keeps_the_checkpoint_just_written_whatever_newer_directories_exist(tmp_path):
-    from harness.checkpoint import latest_checkpoint, load_checkpoint
+    from harness.training.checkpoint import latest_checkpoint, load_checkpoint
 
     _save(tmp_path, 5)
     _save(tmp_path, 20)  # a leftover of a run killed before latest.json moved on
@@ -73,7 +73,7 @@ def test_pruning_orders_by_step_number_not_by_name(tmp_path):
     ],
 )
 def test_a_bad_pointer_is_one_checkpoint_error_that_says_what_to_do(tmp_path, pointer, message):
-    from harness.checkpoint import CheckpointError, latest_checkpoint
+    from harness.training.checkpoint import CheckpointError, latest_checkpoint
 
     _save(tmp_path, 1)
     (tmp_path / "checkpoints" / "latest.json").write_text(pointer)
@@ -84,7 +84,7 @@ def test_a_bad_pointer_is_one_checkpoint_error_that_says_what_to_do(tmp_path, po
 
 @pytest.mark.parametrize("name", ["model.pt", "optimizer.pt", "rng.pt", "predictor.npz"])
 def test_a_truncated_checkpoint_file_is_one_checkpoint_error(tmp_path, name):
-    from harness.checkpoint import CheckpointError, load_checkpoint
+    from harness.training.checkpoint import CheckpointError, load_checkpoint
 
     path = _save(tmp_path, 1)
     data = (path / name).read_bytes()

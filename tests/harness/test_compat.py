@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from harness.openrlhf_compat import index_first_axis, pad_input, unpad_input
+from harness.training.openrlhf_compat import index_first_axis, pad_input, unpad_input
 
 pytest.importorskip("openrlhf")
 
@@ -41,7 +41,7 @@ def test_openrlhf_models_needs_the_shim_and_then_policy_loss_and_kl_run():
             before = "imported"
         except ModuleNotFoundError as err:
             before = f"missing {err.name}"
-        from harness.openrlhf_compat import ensure_flash_attn, is_flash_attn_shim
+        from harness.training.openrlhf_compat import ensure_flash_attn, is_flash_attn_shim
         first, second = ensure_flash_attn(), ensure_flash_attn()
         from openrlhf.models.loss import PolicyLoss
         from openrlhf.models.utils import compute_approx_kl

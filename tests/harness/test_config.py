@@ -10,19 +10,25 @@ from pathlib import Path
 import pytest
 import tyro
 
-from harness.config import (
+from envs import SearchQAConfig
+from harness.errors import ResumeError
+from harness.openrlhf.config import TreeTrainConfig
+from harness.training.config import (
+    AdvantageConfig,
     AllocatorSettings,
     AllocConfig,
     EvalConfig,
+    LossConfig,
     PredictorConfig,
+    RolloutConfig,
     TaskConfig,
     TrainConfig,
     config_from_dict,
     load_config,
+    renamed_flags,
 )
-from harness.errors import ResumeError
-from harness.openrlhf.config import TreeTrainConfig
-from trace_alloc import ALLOCATORS, ConstantPredictor, MemoryPredictor, MLPPredictor, Trace
+from trace_alloc import ConstantPredictor, MemoryPredictor, MLPPredictor, Trace
+from trace_alloc.allocators import ALLOCATORS
 
 
 def test_every_allocator_has_its_own_dataclass_as_a_field():
@@ -65,7 +71,7 @@ def test_every_field_of_every_allocator_is_a_flag_of_both_trainers(cls):
 
 def test_tracerl_train_sets_trace_min_per_prompt_prefer_unmixed_and_the_flip_floor():
     # pooling is off unless asked for; the flip floor is on, over the posterior on the tree's
-    # own outcomes (docs/decisions.md, "Stage 2's flip prediction")
+    # own outcomes (docs/decisions.md, "Stage 2")
     default = tyro.cli(TrainConfig, args=["--alloc.name", "trace"]).alloc.build()
     assert default.prefer_unmixed is False
     assert default.min_flip_prob == 0.2 and default.prefix_prior == 1.0
@@ -133,3 +139,38 @@ def test_both_trainers_take_the_same_allocator_and_predictor_types():
     cpu, gpu = typing.get_type_hints(TrainConfig), typing.get_type_hints(TreeTrainConfig)
     assert cpu["alloc"] is gpu["alloc"] is AllocConfig
     assert cpu["predictor"] is gpu["predictor"] is PredictorConfig
+
+
+def test_each_concept_has_one_flag_and_one_type_in_both_trainers():
+    cpu, gpu = typing.get_type_hints(TrainConfig), typing.get_type_hints(TreeTrainConfig)
+    assert issubclass(cpu["loss"], gpu["loss"]) and gpu["loss"] is AdvantageConfig
+    assert typing.get_type_hints(TaskConfig)["env"] is gpu["env"] is SearchQAConfig
+    cpu_currency = typing.get_type_hints(cpu["budget"])["currency"]
+    assert cpu_currency == typing.get_type_hints(gpu["budget"])["currency"]
+    flags = ["--loss.advantage", "grpo", "--budget.currency", "tokens", "--budget.per-step", "900"]
+    ours = tyro.cli(TrainConfig, args=flags)
+    theirs = tyro.cli(TreeTrainConfig, args=flags)
+    assert ours.loss.advantage == theirs.loss.advantage == "grpo"
+    assert (ours.budget.currency, ours.budget.per_step) == ("tokens", 900)
+    assert (theirs.budget.currency, theirs.budget.per_step) == ("tokens", 900)
+    assert LossConfig().advantage == AdvantageConfig().advantage  # one default
+
+
+def test_old_flag_names_are_read_as_the_new_ones_with_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        argv = renamed_flags(["--advantage", "treerl", "--currency=tokens", "--seed", "1"])
+    assert argv == ["--loss.advantage", "treerl", "--budget.currency=tokens", "--seed", "1"]
+    assert caplog.text.count("is deprecated") == 2
+    assert renamed_flags(["--tokens-per-step", "5"]) == ["--budget.per-step", "5"]
+
+
+def test_held_out_episodes_sample_at_the_rollout_temperature_unless_told_otherwise(tmp_path):
+    rollout = RolloutConfig(temperature=0.7)
+    assert EvalConfig().temperature_for(rollout) == 0.7
+    assert EvalConfig(temperature=0).temperature_for(rollout) == 0  # greedy
+    config = tyro.cli(TrainConfig, args=["--rollout.temperature", "0.6"])
+    assert config.eval.temperature_for(config.rollout) == 0.6
+    old = TrainConfig(run_dir=tmp_path).to_json()
+    old["eval"]["temperature"] = 1.0  # a run directory written before the default followed
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    assert load_config(tmp_path).eval.temperature_for(rollout) == 1.0

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from harness.distributed import Ranks, ShardedExecutor, check_same_across_ranks, deal
 from harness.errors import ResumeError
-from harness.trainer import _rank_engine_rng
+from harness.training.distributed import Ranks, ShardedExecutor, check_same_across_ranks, deal
+from harness.training.trainer import _rank_engine_rng
 from trace_alloc import RolloutRequest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def _torchrun_train(run_dir: Path, steps: int) -> None:
         "--standalone",
         "--nproc_per_node=2",
         "-m",
-        "harness.cli",
+        "benchmarks.cli",
         "train",
         "--policy",
         str(WARM_START),

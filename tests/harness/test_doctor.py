@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.cli import main
-from harness.doctor import (
+from benchmarks.cli import main
+from harness.training.doctor import (
     Probes,
     Target,
     compare_nodes,

@@ -15,18 +15,12 @@ import numpy as np
 import pytest
 
 from envs import QATask, SearchQAEnv, TaskSet
-from harness.backends import Completion, PolicyBackend, SamplingParams, TransformersBackend
-from harness.engine import RolloutError, TreeRolloutEngine
-from harness.episodes import EpisodeCodec
+from harness.policies import Completion, PolicyBackend, SamplingParams, TransformersBackend
+from harness.rollout.engine import RolloutError, TreeRolloutEngine
+from harness.rollout.episodes import EpisodeCodec
 from retrieval.base import Document, Hit
-from trace_alloc import (
-    BudgetLimit,
-    RolloutRequest,
-    RolloutTree,
-    forest_stats,
-    make_allocator,
-    tree_advantages,
-)
+from trace_alloc import BudgetLimit, RolloutRequest, RolloutTree, make_allocator, tree_advantages
+from trace_alloc.tree import forest_stats
 
 # --- fakes ------------------------------------------------------------------------------------
 
@@ -455,7 +449,7 @@ def test_a_turns_searches_go_in_one_batched_call_and_change_no_tree():
 
 
 def test_a_retrieval_failure_ends_that_episode_as_failed_and_the_step_goes_on():
-    from harness.metrics_log import rollout_metrics
+    from harness.training.metrics_log import rollout_metrics
     from retrieval.cache import CachedRetriever
 
     # every search for Bolt fails, batched or alone: those episodes fail, the others finish
@@ -673,7 +667,7 @@ def test_tiny_model_run_step_meters_what_the_backend_generated(tiny):
 
 
 def test_failed_leaves_are_left_out_of_training_and_counted():
-    from harness.engine import failed_leaves, leaves_to_train
+    from harness.rollout.engine import failed_leaves, leaves_to_train
     from retrieval.cache import CachedRetriever
 
     # wrong first searches ("Nothing founder") hit a retriever fault: those episodes fail,

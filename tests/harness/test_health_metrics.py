@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harness.metrics_log import advantage_metrics, tree_health
+from harness.training.metrics_log import advantage_metrics, tree_health
 from trace_alloc import Rollout, RolloutTree, Turn, tree_advantages
 
 
@@ -70,7 +70,7 @@ def test_flip_calibration_scores_the_allocators_flip_chances_against_realised_fl
     # continuations; the executor makes every continuation fail
     import numpy as np
 
-    from harness.metrics_log import flip_calibration
+    from harness.training.metrics_log import flip_calibration
     from trace_alloc import BudgetLimit, Prompt, Trace, run_step
 
     outcomes = {"settled": [0.0] * 4, "mixed": [1.0, 0.0, 1.0, 0.0]}

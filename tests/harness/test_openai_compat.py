@@ -14,18 +14,18 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from harness.backends import (  # the package's public names
-    EndpointConfig,
-    OpenAICompatBackend,
-    OpenAICompatClient,
-    PolicyBackend,
-    SamplingParams,
-)
 from harness.errors import (
     ContextLengthExceeded,
     EndpointError,
     EndpointRejected,
     MalformedReply,
+)
+from harness.policies import (  # the package's public names
+    EndpointConfig,
+    OpenAICompatBackend,
+    OpenAICompatClient,
+    PolicyBackend,
+    SamplingParams,
 )
 
 

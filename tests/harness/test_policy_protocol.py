@@ -9,10 +9,10 @@ import shutil
 
 import pytest
 
-from benchmarks.qa.cli import BenchConfig, run_bench, with_policy_protocol
-from benchmarks.qa.errors import BenchmarkError
 from envs import World, WorldConfig
-from harness.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
+from envs.qa_datasets.errors import BenchmarkError
+from harness.evaluation.bench import BenchConfig, run_bench, with_policy_protocol
+from harness.policies.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE, SHIPPED_DIR
 
 SHIPPED = str(SHIPPED_DIR)

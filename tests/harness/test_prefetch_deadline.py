@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 from benchmarks.perf.hostile import HostileServer
 from envs import QATask, SearchQAEnv, TaskSet
-from harness.backends import Completion, SamplingParams
-from harness.episodes import EpisodeCodec, apply_turn, start_episodes
+from harness.policies import Completion, SamplingParams
+from harness.rollout.episodes import EpisodeCodec, apply_turn, start_episodes
 from retrieval import HTTPRetriever
 from retrieval.cache import CachedRetriever
 

@@ -17,8 +17,8 @@ import pytest
 
 from envs import QATask, SearchQAEnv, TaskSet
 from envs import fork as fork_env
-from harness.backends import Completion, SamplingParams
-from harness.episodes import EpisodeCodec, advance, start_episodes
+from harness.policies import Completion, SamplingParams
+from harness.rollout.episodes import EpisodeCodec, advance, start_episodes
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
 

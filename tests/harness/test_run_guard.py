@@ -6,6 +6,7 @@ that answers step 1 and is shut down after it, as a retriever node that dies mid
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import socket
@@ -16,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from envs import World
-from harness.config import AbortConfig, BudgetConfig, TaskConfig, TrainConfig
 from harness.errors import HarnessError, RunAborted
-from harness.metrics_log import read_metrics
-from harness.run_guard import FailureStreak
-from harness.tiny_policy import EnvSettings
+from harness.tiny_policy import tiny_env_config
 from harness.tiny_policy.config import TinyPolicyConfig
+from harness.training.config import AbortConfig, BudgetConfig, TaskConfig, TrainConfig
+from harness.training.metrics_log import read_metrics
+from harness.training.run_guard import FailureStreak
 from retrieval.bm25 import BM25Retriever
 from retrieval.protocol import render_result
 
@@ -84,7 +85,7 @@ def config(run_dir: Path, questions: Path, policy: Path, url: str, steps: int) -
             source="file",
             train_file=questions,
             index=url,
-            env=EnvSettings(max_turns=3, top_k=2, max_doc_chars=240),
+            env=dataclasses.replace(tiny_env_config(), max_turns=3, top_k=2, max_doc_chars=240),
         ),
         budget=BudgetConfig(per_step=4, pool_size=2),
         abort=AbortConfig(failed_share=0.5, steps=2),
@@ -94,7 +95,7 @@ def config(run_dir: Path, questions: Path, policy: Path, url: str, steps: int) -
 def test_a_retriever_that_dies_after_step_1_stops_the_run_within_k_steps(
     tmp_path, world_files, monkeypatch
 ):
-    import harness.trainer as trainer
+    import harness.training.trainer as trainer
 
     questions, index, policy = world_files
     server = serve(index)
@@ -118,7 +119,7 @@ def test_a_retriever_that_dies_after_step_1_stops_the_run_within_k_steps(
 
 
 def test_a_dead_retriever_stops_the_run_before_its_first_step(tmp_path, world_files):
-    from harness.trainer import train
+    from harness.training.trainer import train
 
     questions, _, policy = world_files
     with socket.socket() as s:  # a port nothing listens on once closed

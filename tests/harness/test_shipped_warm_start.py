@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import torch
 from transformers import AutoModelForCausalLM
 
 from harness.tiny_policy import PolicyArtifacts, TinyPolicyConfig, init_model
+from harness.tiny_policy.config import ENV_RECIPE_FIELDS
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE, SHIPPED_DIR
 
 RECORD = SHIPPED_DIR / ARTIFACTS_FILE
@@ -48,3 +50,20 @@ def test_another_recipe_is_built_not_taken_from_the_shipped_files(tmp_path, tiny
     artifacts = init_model(tiny_recipe, tmp_path)
     assert not artifacts.shipped and not artifacts.reused
     assert artifacts.config_hash == tiny_recipe.config_hash != TinyPolicyConfig().config_hash
+
+
+def test_the_recorded_hash_is_the_hash_of_the_recorded_recipe():
+    record = json.loads(RECORD.read_text())
+    assert TinyPolicyConfig.from_json(record["config"]).config_hash == record["config_hash"]
+    # the env is recorded by its recipe fields; the other SearchQAConfig fields at their defaults
+    # stay out of the record, so the shipped hash did not change when the env type did
+    assert set(record["config"]["env"]) == set(ENV_RECIPE_FIELDS)
+    assert TinyPolicyConfig().to_json()["env"] == record["config"]["env"]
+
+
+def test_an_env_setting_outside_the_recipe_enters_the_hash_once_changed():
+    base = TinyPolicyConfig()
+    changed = dataclasses.replace(base, env=dataclasses.replace(base.env, protocol="search-r1"))
+    assert changed.config_hash != base.config_hash
+    assert changed.to_json()["env"]["protocol"] == "search-r1"
+    assert TinyPolicyConfig.from_json(changed.to_json()) == changed

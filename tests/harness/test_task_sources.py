@@ -7,6 +7,7 @@ import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,11 +20,19 @@ from envs import (
     World,
     WorldConfig,
 )
-from harness.config import TaskConfig, TrainConfig
-from harness.episodes import question_kind
 from harness.errors import HarnessError
-from harness.task_sources import WorldStream, build_tasks, eval_set, fact_disjoint_set
-from harness.tiny_policy import EnvSettings
+from harness.rollout.episodes import question_kind
+from harness.tiny_policy import tiny_env_config
+from harness.training.config import TaskConfig, TrainConfig
+from harness.training.task_sources import (
+    TaskCorpus,
+    TaskSource,
+    WorldStream,
+    build_tasks,
+    eval_set,
+    fact_disjoint_set,
+    sample_pool,
+)
 from retrieval.bm25 import BM25Retriever
 
 WORLD = WorldConfig(
@@ -38,7 +47,7 @@ WORLD = WorldConfig(
     questions_per_kind=4,
     sentences_per_doc=1,
 )
-ENV = EnvSettings(max_turns=4, top_k=2, max_doc_chars=200)
+ENV = dataclasses.replace(tiny_env_config(), max_turns=4, top_k=2, max_doc_chars=200)
 TASK = TaskConfig(world=WORLD, env=ENV)
 
 
@@ -139,15 +148,37 @@ def test_the_decoy_asks_training_questions_over_another_worlds_documents():
 def test_a_world_stream_gives_each_step_a_fresh_world_and_a_seeded_pool():
     tasks = build_tasks(dataclasses.replace(TASK, source="stream", stream_first_seed=500), ())
     stream = tasks.train
-    assert isinstance(stream, WorldStream) and tasks.fixed_ids == ()
+    assert isinstance(stream, WorldStream) and stream.fixed_ids is None
     one, two = stream.corpus(1), stream.corpus(2)
     assert (one.name, two.name) == ("world 500", "world 501")
     assert not set(one.tasks.ids) & set(two.tasks.ids)  # ids name their world
     assert one.retriever.index_id != two.retriever.index_id
-    pool = WorldStream.pool(one, 5, seed=0, step=1)
+    pool = sample_pool(one, 5, seed=0, step=1)
     assert len(set(pool)) == 5 and set(pool) <= set(one.tasks.ids)
-    assert pool == WorldStream.pool(stream.corpus(1), 5, seed=0, step=1)  # resumable
-    assert pool != WorldStream.pool(one, 5, seed=1, step=1)
+    assert pool == sample_pool(stream.corpus(1), 5, seed=0, step=1)  # resumable
+    assert pool != sample_pool(one, 5, seed=1, step=1)
+
+
+def _what_a_step_reads(source: TaskSource, step: int) -> tuple[Any, str, int | None]:
+    """The protocol's view of one step, as the trainer reads it."""
+    return source.fixed_ids, source.corpus(step).name, source.seed(step)
+
+
+def test_a_fixed_set_is_a_task_source_with_the_same_questions_every_step():
+    tasks = build_tasks(TASK, ())
+    source = tasks.train
+    assert isinstance(source, TaskCorpus)
+    ids = World.generate(TASK.world_seed, WORLD).split().train.ids
+    assert _what_a_step_reads(source, 1) == (ids, source.name, None)
+    assert _what_a_step_reads(source, 7) == _what_a_step_reads(source, 1)
+    assert source.corpus(3) is source  # one env serves the whole run
+
+
+def test_a_world_stream_is_a_task_source_with_a_world_per_step():
+    source: TaskSource = WorldStream(300, WORLD)
+    assert _what_a_step_reads(source, 1) == (None, "world 300", 300)
+    assert _what_a_step_reads(source, 5) == (None, "world 304", 304)
+    assert source.corpus(5).tasks.ids[0].startswith("w304/")
 
 
 def test_a_stream_that_would_train_on_a_held_out_world_is_refused():
@@ -158,7 +189,7 @@ def test_a_stream_that_would_train_on_a_held_out_world_is_refused():
 
 
 def test_a_stream_over_the_warm_start_worlds_is_refused():
-    from harness.trainer import _check_policy_task
+    from harness.training.trainer import _check_policy_task
 
     shipped = Path(__file__).resolve().parents[2] / "harness" / "tiny_policy" / "warm_start"
     task = TaskConfig(source="stream", stream_first_seed=1_030)  # demos: worlds 1000..1039
@@ -235,7 +266,7 @@ def test_a_snapshot_restored_over_another_index_is_a_typed_error():
 
 
 def test_trace_memory_remembers_recurring_questions_and_falls_back_to_its_prior_on_a_stream():
-    from harness.config import PredictorConfig
+    from harness.training.config import PredictorConfig
 
     predictor = PredictorConfig().build(seed=0)
     stream = WorldStream(100, WORLD)
@@ -252,7 +283,7 @@ def test_trace_memory_remembers_recurring_questions_and_falls_back_to_its_prior_
 
 
 def test_a_file_sources_config_reads_back_equal(tmp_path):
-    from harness.config import CONFIG_FILE, load_config
+    from harness.training.config import CONFIG_FILE, load_config
 
     task = TaskConfig(source="file", train_file=Path("q.jsonl"), index="http://127.0.0.1:1")
     config = TrainConfig(run_dir=tmp_path, task=task)

@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs import World, WorldConfig
-from harness.backends import Completion, SamplingParams, TransformersBackend
-from harness.episodes import EpisodeCodec, evaluate_policy, run_episodes, start_episodes
-from harness.tiny_policy import EnvSettings, ModelConfig, SFTConfig
+from harness.policies import Completion, SamplingParams, TransformersBackend
+from harness.rollout.episodes import EpisodeCodec, evaluate_policy, run_episodes, start_episodes
+from harness.tiny_policy import ModelConfig, SFTConfig, tiny_env_config
 from harness.tiny_policy.demos import collect_demos, encode_demo
 from harness.tiny_policy.model import build_model, count_parameters, save_policy
 from harness.tiny_policy.sft import Checkpoint, select_checkpoint, train_sft
@@ -30,7 +30,7 @@ SMALL_WORLD = WorldConfig(
     sentences_per_doc=2,
     questions_per_kind=3,
 )
-SETTINGS = EnvSettings()
+SETTINGS = tiny_env_config()
 TINY = ModelConfig(hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128)
 
 
@@ -257,7 +257,7 @@ def test_live_episodes_fork_independently(world, retriever, demos, codec, tokeni
     env = SETTINGS.make_env(list(world.tasks), retriever)
     [live] = start_episodes(env, [demos[0].task_id], codec)
     a, b = live.fork(2)
-    from harness.episodes import advance
+    from harness.rollout.episodes import advance
 
     advance(backend, [a], codec, SamplingParams())
     assert len(a.token_ids) > len(b.token_ids) == len(live.token_ids)

@@ -10,13 +10,12 @@ import shutil
 import pytest
 from transformers import AutoModelForCausalLM
 
+from benchmarks.cli import main as tracerl
 from envs import WorldConfig
 from envs.tasks import QATask
-from harness.cli import main as tracerl
-from harness.policy_protocol import PROTOCOL_FILE, read_policy_protocol
+from harness.policies.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
 from harness.tiny_policy import (
     DemonstrationConfig,
-    EnvSettings,
     ModelConfig,
     PolicyArtifacts,
     SFTConfig,
@@ -25,6 +24,7 @@ from harness.tiny_policy import (
     init_model,
     is_hard,
     load_artifacts,
+    tiny_env_config,
 )
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE
 
@@ -45,7 +45,7 @@ SMALL = TinyPolicyConfig(
     model=ModelConfig(hidden_size=64, n_layers=2, head_dim=32, n_kv_heads=1, intermediate_size=128),
     demos=DemonstrationConfig(n_worlds=1, target_variants=1),
     sft=SFTConfig(max_steps=6, batch_size=4, warmup_steps=2, eval_from=3, eval_every=3),
-    env=EnvSettings(max_turns=4),
+    env=dataclasses.replace(tiny_env_config(), max_turns=4),
     eval=WarmStartEvalConfig(
         n_unseen_questions=4, n_dev_samples=1, n_samples=2, max_action_tokens=16
     ),
@@ -78,7 +78,7 @@ def test_init_model_writes_a_loadable_policy_and_its_record(built):
     assert artifacts.env_settings["top_k"] == SMALL.env.top_k
     assert (artifacts.policy_dir / PROTOCOL_FILE).is_file()  # the protocol beside the weights
     protocol = read_policy_protocol(artifacts.policy_dir)
-    assert protocol == SMALL.env.protocol(SMALL.world_seed, SMALL.world)
+    assert protocol == PolicyProtocol.of(SMALL.env, world_seed=SMALL.world_seed, world=SMALL.world)
 
 
 def test_artifacts_round_trip_and_rebuild_the_env(built):

@@ -15,8 +15,11 @@ import pytest
 import torch
 
 from envs import World, WorldConfig
-from harness.checkpoint import policy_distance
-from harness.config import (
+from harness.errors import ResumeError
+from harness.policies.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
+from harness.tiny_policy import tiny_env_config
+from harness.training.checkpoint import policy_distance
+from harness.training.config import (
     AllocConfig,
     BudgetConfig,
     EvalConfig,
@@ -26,11 +29,8 @@ from harness.config import (
     TrainConfig,
     load_config,
 )
-from harness.errors import ResumeError
-from harness.metrics_log import plot_run, read_metrics
-from harness.policy_protocol import PROTOCOL_FILE, read_policy_protocol
-from harness.tiny_policy import EnvSettings
-from harness.trainer import DataCursor, train, update_policy
+from harness.training.metrics_log import plot_run, read_metrics
+from harness.training.trainer import DataCursor, train, update_policy
 
 pytest.importorskip("openrlhf")
 
@@ -48,7 +48,7 @@ WORLD = WorldConfig(
     sentences_per_doc=1,
     max_hops=2,
 )
-ENV = EnvSettings(max_turns=3, top_k=1, max_doc_chars=100)
+ENV = dataclasses.replace(tiny_env_config(), max_turns=3, top_k=1, max_doc_chars=100)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def policy_dir(tmp_path_factory) -> Path:
     It imitates the oracle's mistakes too, so its samples mix right and wrong answers: the
     contrast RL needs, in about a minute of CPU.
     """
-    from harness.episodes import EpisodeCodec
+    from harness.rollout.episodes import EpisodeCodec
     from harness.tiny_policy.demos import collect_demos, encode_demo
     from harness.tiny_policy.model import ModelConfig, build_model, save_policy
     from harness.tiny_policy.tokenizer import train_tokenizer
@@ -149,7 +149,7 @@ def _leaves():
 
 
 def _grads(tiny_model, micro_batch_size: int) -> dict[str, torch.Tensor]:
-    from harness.openrlhf_compat import openrlhf_losses
+    from harness.training.openrlhf_compat import openrlhf_losses
 
     class Capture:  # an optimizer step that keeps the gradients instead of applying them
         def __init__(self, model):
@@ -184,8 +184,8 @@ def test_micro_batches_add_up_to_the_full_batch_gradient(tiny_model):
 
 
 def test_an_update_raises_the_log_prob_of_positively_advantaged_actions_only(tiny_model):
-    from harness.openrlhf_compat import openrlhf_losses
-    from harness.optimizers import TorchOptimizer
+    from harness.training.openrlhf_compat import openrlhf_losses
+    from harness.training.optimizers import TorchOptimizer
 
     losses = openrlhf_losses()
     model = tiny_model()
@@ -213,9 +213,9 @@ def test_the_loss_scores_log_probs_under_the_sampling_temperature(policy_dir, te
     # logits by the temperature; scoring raw logits left a gap of about 0.1-1 nat per token
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness.backends import SamplingParams, TransformersBackend
-    from harness.episodes import EpisodeCodec
-    from harness.openrlhf_compat import openrlhf_losses
+    from harness.policies import SamplingParams, TransformersBackend
+    from harness.rollout.episodes import EpisodeCodec
+    from harness.training.openrlhf_compat import openrlhf_losses
 
     class Capture:
         def __init__(self, model):
@@ -254,7 +254,7 @@ def test_the_loss_scores_log_probs_under_the_sampling_temperature(policy_dir, te
 
 
 def test_no_contrast_means_no_update():
-    from harness.openrlhf_compat import openrlhf_losses
+    from harness.training.openrlhf_compat import openrlhf_losses
 
     losses = openrlhf_losses()
     config = small_config(Path("x"), Path("p"))
@@ -265,9 +265,9 @@ def test_no_contrast_means_no_update():
 
 @pytest.mark.parametrize("epochs", [1, 3])
 def test_an_update_logs_its_optimizer_steps_and_how_far_it_moved_the_weights(tiny_model, epochs):
-    from harness.checkpoint import parameter_distance
-    from harness.openrlhf_compat import openrlhf_losses
-    from harness.optimizers import TorchOptimizer
+    from harness.training.checkpoint import parameter_distance
+    from harness.training.openrlhf_compat import openrlhf_losses
+    from harness.training.optimizers import TorchOptimizer
 
     losses = openrlhf_losses()
     model = tiny_model()
@@ -346,8 +346,8 @@ def test_a_short_run_logs_every_metric_checkpoints_and_plots(tmp_path, policy_di
     )
     assert summary.movement["policy/displacement"] > 0
     protocol = (summary.policy_dir / PROTOCOL_FILE).read_text()  # the env it was trained in
-    assert read_policy_protocol(summary.policy_dir) == config.task.env.protocol(
-        config.task.world_seed, config.task.world
+    assert read_policy_protocol(summary.policy_dir) == PolicyProtocol.of(
+        config.task.env, world_seed=config.task.world_seed, world=config.task.world
     ), protocol
     assert (config.run_dir / "checkpoints" / "step_000002" / "model.pt").exists()
     assert list((config.run_dir / "tensorboard").iterdir())
@@ -383,7 +383,7 @@ def test_a_world_stream_trains_each_step_on_a_fresh_world_and_evaluates_every_se
 
 
 def test_a_task_file_in_hotpotqa_format_trains_unchanged(tmp_path, policy_dir, shared_data):
-    from benchmarks.qa.cli import corpus
+    from harness.evaluation.bench import corpus
 
     hotpot = shared_data / "hotpotqa" / "hotpot_dev_distractor.migres200.jsonl"
     corpus(["--data-file", str(hotpot), "--out", str(tmp_path / "corpus")])
@@ -455,13 +455,19 @@ def _cli_args(run_dir: Path, policy: Path, steps: int) -> list[str]:
 
 @pytest.mark.slow
 def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir):
-    from harness.cli import train as train_cli
+    from harness.training.cli import train as train_cli
 
     steps = 4
     killed_dir, straight_dir = tmp_path / "killed", tmp_path / "straight"
     # a real `tracerl train` process, killed with SIGKILL while it runs step 3
     process = subprocess.Popen(
-        [sys.executable, "-m", "harness.cli", "train", *_cli_args(killed_dir, policy_dir, steps)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.cli",
+            "train",
+            *_cli_args(killed_dir, policy_dir, steps),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,  # the log (rich) and the bars, one stream
         text=True,

@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("deepspeed")
 
-from harness.optimizers import DeepSpeedOptimizer, TorchOptimizer
+from harness.training.optimizers import DeepSpeedOptimizer, TorchOptimizer
 
 pytestmark = pytest.mark.slow
 

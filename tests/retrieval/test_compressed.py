@@ -8,8 +8,6 @@ cells mean something; the flat file is written by faiss itself, as Search-R1 wri
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -52,7 +50,6 @@ from retrieval.peers import (  # noqa: E402
 from retrieval.prebuilt import PrebuiltRetriever  # noqa: E402
 from retrieval.server import create_app  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 N, DIM = 6_000, 32
 
 
@@ -272,29 +269,21 @@ def test_every_peer_client_gets_flat_s_answer_from_the_compressed_index(
     assert served.search([query], 1)[0][0].doc_id == "17"
 
 
-def test_the_cli_compresses_and_measures(tmp_path: Path, flat_file: Path, queries: np.ndarray):
+def test_the_cli_compresses_and_measures(
+    tmp_path: Path, flat_file: Path, queries: np.ndarray, capsys: pytest.CaptureFixture[str]
+):
     out = tmp_path / "cli"
-    run = [sys.executable, "-m", "harness.cli", "index"]
-    done = subprocess.run(
-        [*run, "compress", "--faiss-index", str(flat_file), "--out", str(out), "--preset", "sq8",
-         "--nlist", "20", "--nprobe", "4"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    # in-process: what `tracerl index compress|stats` runs
+    assert index_command(["compress", "--faiss-index", str(flat_file), "--out", str(out),
+                          "--preset", "sq8", "--nlist", "20", "--nprobe", "4"]) == 0  # fmt: skip
     record = json.loads((out / "compressed.json").read_text())
     assert record["search"]["nprobe"] == 4 and record["n_rows"] == N
-    again = subprocess.run(
-        [*run, "compress", "--faiss-index", str(flat_file), "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
-    )  # fmt: skip
-    assert again.returncode != 0 and "--overwrite" in again.stderr
+    with pytest.raises(SystemExit, match="--overwrite"):  # tracerl prints it: a usage error
+        index_command(["compress", "--faiss-index", str(flat_file), "--out", str(out)])
     np.save(tmp_path / "q.npy", queries)
-    stats = subprocess.run(
-        [*run, "stats", str(out), "--queries", str(tmp_path / "q.npy"), "--json"],
-        capture_output=True, text=True, cwd=ROOT, timeout=300, check=False,
-    )  # fmt: skip
-    assert stats.returncode == 0, stats.stderr[-2000:]
-    assert json.loads(stats.stdout.splitlines()[-1])["n_vectors"] == N
+    capsys.readouterr()
+    assert index_command(["stats", str(out), "--queries", str(tmp_path / "q.npy"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["n_vectors"] == N
 
 
 def test_compress_stores_the_default_preset_s_fitted_search(

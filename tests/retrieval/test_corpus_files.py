@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrieval import Document, IndexFormatError, corpus_hash, read_corpus, write_corpus
+from retrieval import Document, IndexFormatError, read_corpus, write_corpus
+from retrieval.corpus import corpus_hash
 
 titles = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n\r"))
 texts = st.text(st.characters(blacklist_categories=("Cs",)))
@@ -127,7 +128,7 @@ def test_a_fifo_or_a_device_as_corpus_is_refused_without_blocking(tmp_path: Path
 
 
 def test_a_tree_file_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path):
-    from benchmarks.qa.tree_view import load_trees
+    from harness.evaluation.tree_view import load_trees
     from trace_alloc import TreeFormatError
 
     fifo = tmp_path / "trees.jsonl"

@@ -188,7 +188,7 @@ def test_constructor_validates_its_arguments():
 
 
 def test_a_deadline_ends_the_retries_of_a_hung_server_sync_and_async():
-    from retrieval import deadline
+    from retrieval.deadline import deadline
 
     with socket.socket() as hung:  # listens but never accepts: connects succeed, no answer
         hung.bind(("127.0.0.1", 0))

@@ -82,7 +82,7 @@ def test_search_a_running_server_by_url(toy_server, capsys):
 def test_tracerl_does_not_log_each_http_request_without_verbose(toy_server):
     # httpx logs every request at INFO; an env searching a server would print one per step
     def search(*flags: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "harness.cli", *flags, "index", "search", toy_server.url,
+        argv = [sys.executable, "-m", "benchmarks.cli", *flags, "index", "search", toy_server.url,
                 "river Paris", "-k", "1"]  # fmt: skip
         return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300)
 
@@ -103,7 +103,7 @@ def test_tracerl_shows_library_debug_lines_only_with_verbose(corpus_file, tmp_pa
     # bm25s sets its logger to DEBUG at import; the user sees its debug line only under -v
     def build(*flags: str) -> str:
         out = str(tmp_path / "i")
-        argv = [sys.executable, "-m", "harness.cli", *flags, "index", "build",
+        argv = [sys.executable, "-m", "benchmarks.cli", *flags, "index", "build",
                 "--corpus", str(corpus_file), "--out", out, "--overwrite"]  # fmt: skip
         done = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=300)
         return done.stderr

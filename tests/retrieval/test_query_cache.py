@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from retrieval import CachedRetriever, Retriever, RetrieverUnavailable, normalize_query
+from retrieval import CachedRetriever, Retriever, RetrieverUnavailable
+from retrieval.cache import normalize_query
 
 
 @pytest.mark.parametrize(

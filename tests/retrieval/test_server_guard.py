@@ -15,8 +15,8 @@ from contextlib import suppress
 import httpx
 import pytest
 
+from benchmarks.cli import main
 from benchmarks.perf.hostile import idle_sockets, non_readers, send_header_line
-from harness.cli import main
 from retrieval.guard import ConnectionLimits, check_descriptor_room
 
 MAX_OPEN = 8

@@ -11,9 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trace_alloc import (
-    ALLOCATORS,
     AllocError,
-    AllocPlan,
     BudgetExceededError,
     BudgetLimit,
     ExecutionError,
@@ -23,6 +21,8 @@ from trace_alloc import (
     make_allocator,
     run_step,
 )
+from trace_alloc.allocators import ALLOCATORS
+from trace_alloc.base import AllocPlan
 
 
 def step(name, *, budget=None, pool=40, seed=0, n_turns=3, carry=0.0, **cfg):
@@ -463,7 +463,7 @@ def _bare_forest() -> list:
 
 
 def _ask(trace: Trace, trees: list) -> list[RolloutRequest]:
-    from trace_alloc import AllocView
+    from trace_alloc.base import AllocView
 
     view = AllocView(trees=trees, wave=1, currency="leaves", remaining=8.0, leaves_left=8)
     plan = trace.ask(view, predictor=FixedPredictor(default=0.9), rng=np.random.default_rng(0))

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trace_alloc import Featurizer, MLPPredictor
+from trace_alloc import MLPPredictor
+from trace_alloc.base import Featurizer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -44,7 +45,7 @@ def test_predictor_design_quick_prints_every_design_as_json():
 
 @pytest.mark.slow
 def test_minilm_featurizer_embeds_head_and_tail_and_trains():
-    from harness.featurizers import MiniLMFeaturizer
+    from harness.rollout.featurizers import MiniLMFeaturizer
 
     featurizer = MiniLMFeaturizer(head_words=4, tail_words=3)  # the packaged model, offline
     assert isinstance(featurizer, Featurizer) and featurizer.dim == 768

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trace_alloc import (
-    AllocError,
+from trace_alloc import AllocError
+from trace_alloc.solvers import (
     prefix_gain,
     root_gain,
     solve_prefixes,

@@ -9,17 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trace_alloc import (
-    SCHEMA_VERSION,
-    Prompt,
-    Rollout,
-    RolloutTree,
-    TreeFormatError,
-    Turn,
-    bare_leaves,
-    forest_stats,
-    training_examples,
-)
+from trace_alloc import Prompt, Rollout, RolloutTree, TreeFormatError, Turn
+from trace_alloc.tree import SCHEMA_VERSION, bare_leaves, forest_stats, training_examples
 
 
 def turn(action: str, obs: str = "", n_tok: int = 2, tools: int = 0) -> Turn:

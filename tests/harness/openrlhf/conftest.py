@@ -1,5 +1,5 @@
 """OpenRLHF-integration tests: skipped without openrlhf; the flash_attn stand-in goes in first,
-because these modules import openrlhf.models (harness/openrlhf_compat.py)."""
+because these modules import openrlhf.models (harness/training/openrlhf_compat.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("openrlhf")
 
-from harness.openrlhf_compat import ensure_flash_attn
+from harness.training.openrlhf_compat import ensure_flash_attn
 
 ensure_flash_attn()
 
@@ -32,8 +32,8 @@ def fake_engines(ray_local):
     actor = ray_local.remote(FakeEngine).options(num_cpus=0)
     engines = [actor.remote(), actor.remote()]
     # one request each, so the workers pay their vLLM import here, in parallel
-    from harness.backends.base import SamplingParams
-    from harness.backends.openrlhf_ray import RayEnginesBackend
+    from harness.policies.base import SamplingParams
+    from harness.policies.openrlhf_ray import RayEnginesBackend
 
     for engine in engines:
         RayEnginesBackend([engine]).generate([[1]], SamplingParams(max_new_tokens=4))

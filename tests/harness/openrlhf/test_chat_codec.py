@@ -3,8 +3,8 @@ of the tokenizer's chat template, ready for the assistant; observations stay pla
 
 from __future__ import annotations
 
-from harness.episodes import EpisodeCodec
 from harness.openrlhf.samples import ChatTemplateCodec
+from harness.rollout.episodes import EpisodeCodec
 from harness.tiny_policy.tokenizer import train_tokenizer
 
 TEMPLATE = (

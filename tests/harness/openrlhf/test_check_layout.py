@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.doctor import Probes
 from harness.errors import HarnessError
 from harness.openrlhf.launcher import check_layout, parse_args, refuse_failures
+from harness.training.doctor import Probes
 
 
 def layout(tmp_path: Path, *, retriever: str | None = None, **flags: str) -> list[str]:

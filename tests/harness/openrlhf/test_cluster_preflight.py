@@ -7,9 +7,9 @@ import platform
 
 import pytest
 
-from harness.doctor import Target
 from harness.errors import HarnessError
 from harness.openrlhf.launcher import driver_node_strategy, preflight_nodes
+from harness.training.doctor import Target
 
 pytestmark = pytest.mark.slow  # a local Ray (shared by the session's Ray tests)
 

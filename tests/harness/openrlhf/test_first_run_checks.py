@@ -19,7 +19,7 @@ from harness.openrlhf.launcher import (
     parse_openrlhf_args,
     ray_runtime_env,
 )
-from harness.openrlhf_compat import flash_attn_installed
+from harness.training.openrlhf_compat import flash_attn_installed
 
 ROOT = Path(__file__).resolve().parents[3]
 WARM_START = ROOT / "harness" / "tiny_policy" / "warm_start"
@@ -231,10 +231,10 @@ def test_seeded_requests_resume_exactly(tmp_path):
     from transformers import AutoTokenizer
 
     from envs import QATask
-    from harness.backends.openrlhf_ray import RayEnginesBackend
     from harness.openrlhf.config import TreeTrainConfig
     from harness.openrlhf.rehearsal import PromptList
     from harness.openrlhf.samples import TreeSamplesGenerator
+    from harness.policies.openrlhf_ray import RayEnginesBackend
     from retrieval.base import Document
     from retrieval.bm25 import BM25Retriever
 

@@ -95,6 +95,23 @@ def test_required_flags_are_asked_for():
 
 def test_our_config_refuses_a_token_budget_without_a_size(capsys):
     with pytest.raises(SystemExit) as exc:
-        parse_args(["--currency", "tokens", "--", *BASE])
+        parse_args(["--budget.currency", "tokens", "--", *BASE])
     assert exc.value.code == 2
-    assert "tokens-per-step" in capsys.readouterr().err
+    assert "--budget.per-step" in capsys.readouterr().err
+
+
+def test_the_flags_are_named_as_in_the_cpu_trainer_and_the_old_names_still_work(caplog):
+    config, _ = parse_args(
+        ["--loss.advantage", "grpo", "--budget.currency", "tokens", "--budget.per-step", "900",
+         "--", *BASE]
+    )  # fmt: skip
+    assert (config.loss.advantage, config.budget.currency, config.budget.per_step) == (
+        "grpo", "tokens", 900
+    )  # fmt: skip
+    with caplog.at_level("WARNING"):
+        old, _ = parse_args(
+            ["--advantage", "grpo", "--currency=tokens", "--tokens_per_step", "900", "--", *BASE]
+        )
+    assert old == config
+    assert "--advantage is deprecated: use --loss.advantage" in caplog.text
+    assert "--tokens_per_step is deprecated: use --budget.per-step" in caplog.text

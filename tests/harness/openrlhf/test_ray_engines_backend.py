@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from openrlhf_fakes import EchoPolicy, SlowPolicy
 
-from harness.backends.base import SamplingParams
-from harness.backends.openrlhf_ray import RayEnginesBackend
 from harness.errors import EngineTimeoutError, HarnessError
+from harness.policies.base import SamplingParams
+from harness.policies.openrlhf_ray import RayEnginesBackend
 
 # Ray workers that import vLLM take about a minute to start on a 2-core machine (once per session)
 pytestmark = pytest.mark.slow
@@ -127,7 +127,7 @@ def test_a_hung_engine_times_out_with_a_clear_error_instead_of_blocking(ray_loca
 def test_submitted_requests_come_back_as_each_finishes_and_a_hung_one_times_out(ray_local, engines):
     # what lets the tree-rollout engine drop lockstep: the fast engine's answer is collected
     # (and its episode can go on) while the slow engine is still generating
-    from harness.backends.base import ConcurrentPolicyBackend
+    from harness.policies.base import ConcurrentPolicyBackend
 
     ray_local.get(engines[1].set_policy.remote(SlowPolicy(1.5)))
     backend = RayEnginesBackend(engines, timeout_s=30.0)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from harness.openrlhf_compat import SHIM_VERSION, flash_attn_installed
+from harness.training.openrlhf_compat import SHIM_VERSION, flash_attn_installed
 
 PROBE = """
 import os, ray

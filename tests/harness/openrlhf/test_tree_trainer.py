@@ -18,17 +18,18 @@ from openrlhf_fakes import ScriptedSearchPolicy
 
 from envs import QATask
 from envs.search_qa import SearchQAConfig
-from harness.config import AllocConfig
-from harness.metrics_log import rollout_metrics
 from harness.openrlhf.config import TreeTrainConfig
 from harness.openrlhf.experience import experiences_from_leaves, pad_to_multiple
 from harness.openrlhf.launcher import parse_openrlhf_args
 from harness.openrlhf.tree_trainer import TreePPOTrainer, TreePPOTrainerBase
 from harness.tiny_policy.model import ModelConfig, build_model, save_policy
 from harness.tiny_policy.tokenizer import train_tokenizer
+from harness.training.config import AllocConfig
+from harness.training.metrics_log import rollout_metrics
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
-from trace_alloc import Spend, tree_advantages
+from trace_alloc import tree_advantages
+from trace_alloc.budget import Spend
 
 pytestmark = pytest.mark.slow  # shares the Ray engines (about a minute to start, once)
 
@@ -236,7 +237,7 @@ def test_two_tree_steps_train_the_policy_on_the_tree_advantages(
     expected = pad_to_multiple(
         experiences_from_leaves(
             kept,
-            [a for a in tree_advantages(kept, config.advantage) if a.has_signal],
+            [a for a in tree_advantages(kept, config.loss.advantage) if a.has_signal],
             max_len=512,
             prompts=["p"] * len(kept),
             labels=["l"] * len(kept),

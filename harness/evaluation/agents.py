@@ -1,0 +1,509 @@
+"""Agents for evaluation: a model, a prompt, and generation settings, acting only through the env.
+
+An `Agent` plays many episodes at once. `start` opens an episode from the env's prompt and
+returns the agent's own state for it; `act` takes the states of the running episodes with their
+newest observations and returns one action each, in one batch, so a local model decodes the
+episodes together and an HTTP agent sends them concurrently.
+
+Backends:
+
+- `ScriptedAgent`: wraps any object with `reset(prompt, info)` / `act(observation, info)` (the
+  envs package's `OracleAgent` and `NaiveAgent`, and `DecompositionOracle` below).
+- `PolicyAgent`: any `PolicyBackend` (`TransformersBackend` for a local model directory,
+  `VLLMBackend` for vLLM offline, `OpenAICompatBackend` for a vLLM server) plus its tokenizer.
+  The transcript is kept as token ids, encoded by the harness's `EpisodeCodec` (BOS + prompt,
+  each observation tokenised once and appended), so the generated tokens are never
+  re-tokenised and evaluation sees the token layout training does.
+- `HTTPAgent`: any OpenAI-compatible endpoint through `OpenAICompatClient`, with the transcript
+  as text (`/v1/completions`) or as chat messages (`/v1/chat/completions`, for hosted APIs).
+
+Generation stops at `</search>` or `</answer>`; an agent reports the tokens it generated for
+every action, so evaluation can count them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+from envs.base import ScriptedPolicy
+from envs.qa_datasets import DecompositionStep, LoadedDataset
+from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
+from harness.policies.base import STOP_STRINGS, PolicyBackend, SamplingParams
+from harness.policies.openai_compat import OpenAICompatClient, TextCompletion
+from harness.rollout.episodes import EpisodeCodec
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+__all__ = [
+    "Agent",
+    "AgentAction",
+    "DecompositionOracle",
+    "HTTPAgent",
+    "OraclePlan",
+    "PolicyAgent",
+    "ScriptedAgent",
+    "close_open_tag",
+    "oracle_plans",
+]
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length", "eos", "context", "error", "scripted"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AgentAction:
+    """One action and what it cost."""
+
+    text: str
+    """The action text handed to `env.step`."""
+    n_tokens: int = 0
+    """Tokens generated for it (0 for scripted agents)."""
+    finish_reason: FinishReason = "scripted"
+    """How generation ended; `context` means the transcript outgrew the model's context, and
+    the episode is stopped there (the action text is then empty); `error` means the endpoint's
+    replies stayed malformed after the retries, and only that episode is stopped."""
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """Plays episodes through the env API only (prompt in, action text out)."""
+
+    @property
+    def name(self) -> str:
+        """A short label for reports (`oracle`, `Qwen3-8B@http`, ...)."""
+        ...
+
+    def settings(self) -> dict[str, Any]:
+        """Everything that fixes the agent's behaviour, JSON-safe, for the report."""
+        ...
+
+    def start(self, prompt: str, info: Mapping[str, Any]) -> Any:
+        """Open an episode; returns the agent's state for it (owned by the agent)."""
+        ...
+
+    def act(
+        self,
+        states: Sequence[Any],
+        observations: Sequence[str],
+        infos: Sequence[Mapping[str, Any]],
+    ) -> list[AgentAction]:
+        """One action per running episode; `observations[i]` is "" right after `start`."""
+        ...
+
+
+# --- scripted ----------------------------------------------------------------------------------
+
+
+class ScriptedAgent:
+    """Batches any scripted per-episode policy: one fresh instance per episode.
+
+    Args:
+        name: the label in reports.
+        factory: builds the per-episode policy (`lambda: NaiveAgent()`).
+        settings: what the report records about it.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        factory: Callable[[], ScriptedPolicy],
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._name = name
+        self._factory = factory
+        self._settings = {"backend": "scripted", "agent": name, **(settings or {})}
+
+    @property
+    def name(self) -> str:
+        """The label in reports."""
+        return self._name
+
+    def settings(self) -> dict[str, Any]:
+        """The scripted policy's name and parameters."""
+        return dict(self._settings)
+
+    def start(self, prompt: str, info: Mapping[str, Any]) -> ScriptedPolicy:
+        """A fresh policy instance, reset on the prompt."""
+        policy = self._factory()
+        policy.reset(prompt, info)
+        return policy
+
+    def act(
+        self,
+        states: Sequence[ScriptedPolicy],
+        observations: Sequence[str],
+        infos: Sequence[Mapping[str, Any]],
+    ) -> list[AgentAction]:
+        """Each policy's next action."""
+        return [
+            AgentAction(text=policy.act(obs, info))
+            for policy, obs, info in zip(states, observations, infos, strict=True)
+        ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OraclePlan:
+    """What an oracle does on one task: these searches, then this answer."""
+
+    queries: tuple[str, ...]
+    answer: str
+
+
+_STEP_REF = re.compile(r"#(\d+)")
+
+
+def _musique_query(question: str, answers: Sequence[str]) -> str:
+    """A MuSiQue sub-question as a search query: `#k` becomes step k's answer, `>>` a space.
+
+    >>> _musique_query("#1 >> capital", ["Mountrail County"])
+    'Mountrail County capital'
+    """
+
+    def answer_of(match: re.Match[str]) -> str:
+        k = int(match.group(1)) - 1
+        return answers[k] if 0 <= k < len(answers) else match.group(0)
+
+    return " ".join(_STEP_REF.sub(answer_of, question).replace(">>", " ").split())
+
+
+def _plan_from_steps(steps: Sequence[DecompositionStep], answer: str) -> OraclePlan:
+    answers = [s.answer for s in steps]
+    return OraclePlan(
+        queries=tuple(_musique_query(s.question, answers[:i]) for i, s in enumerate(steps)),
+        answer=answer,
+    )
+
+
+def oracle_plans(dataset: LoadedDataset) -> dict[str, OraclePlan]:
+    """An oracle plan per task: the dataset's decomposition, else its supporting titles.
+
+    MuSiQue (and the synthetic world's export) give a decomposition: one search per hop with
+    the earlier hops' answers filled in. HotpotQA, 2Wiki and PopQA give supporting paragraphs:
+    one search per supporting title. Tasks with neither get no search. The answer is the first
+    gold answer.
+    """
+    plans = {}
+    for task in dataset.tasks:
+        steps = dataset.decompositions.get(task.task_id)
+        if steps:
+            plans[task.task_id] = _plan_from_steps(steps, task.golden_answers[0])
+            continue
+        titles = tuple(dict.fromkeys(p.title for p in task.paragraphs if p.is_supporting))
+        plans[task.task_id] = OraclePlan(queries=titles, answer=task.golden_answers[0])
+    return plans
+
+
+@dataclass
+class DecompositionOracle:
+    """A scripted oracle for real datasets: search each planned query, then give the answer.
+
+    It knows the gold answer, so its EM is 1 unless it runs out of turns; what it measures is
+    the harness itself and how well the retriever finds the supporting paragraphs for ideal
+    queries (retrieval recall). It keeps one turn for the answer, so a 4-hop plan under
+    `max_turns=4` searches three hops.
+    """
+
+    plans: Mapping[str, OraclePlan]
+    _queue: list[str] = field(default_factory=list)
+    _answer: str = ""
+
+    def reset(self, prompt: str, info: Mapping[str, Any]) -> None:
+        """Look up the task's plan."""
+        plan = self.plans[info["task_id"]]
+        max_searches = max(int(info.get("max_turns", len(plan.queries) + 1)) - 1, 0)
+        self._queue = list(plan.queries[:max_searches])
+        self._answer = plan.answer
+
+    def act(self, observation: str, info: Mapping[str, Any]) -> str:
+        """The next planned search, or the answer."""
+        if self._queue:
+            return f"<think>Next hop.</think><search> {self._queue.pop(0)} </search>"
+        return f"<think>I know it.</think><answer> {self._answer} </answer>"
+
+
+# --- token-level backends ----------------------------------------------------------------------
+
+
+@dataclass
+class _TokenState:
+    ids: list[int]
+
+
+class PolicyAgent:
+    """A model behind any `PolicyBackend`, with its tokenizer.
+
+    Args:
+        name: the label in reports.
+        backend: the engine (`TransformersBackend`, `VLLMBackend`, `OpenAICompatBackend`).
+        tokenizer: the model's tokenizer.
+        sampling: generation settings; its stop strings must end actions (`</search>`,
+            `</answer>`).
+        chat_template: wrap the prompt as a user message in the tokenizer's chat template
+            (instruct models); False feeds the prompt as plain text (base and tiny models).
+        max_context_tokens: the model's context; an episode whose transcript plus
+            `max_new_tokens` no longer fits is stopped (`finish_reason="context"`).
+        settings: extra fields for the report (model path, backend options).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        backend: PolicyBackend,
+        tokenizer: PreTrainedTokenizerBase,
+        sampling: SamplingParams,
+        *,
+        chat_template: bool = False,
+        max_context_tokens: int = 4096,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not set(STOP_STRINGS) <= set(sampling.stop):
+            raise ValueError(f"sampling.stop={sampling.stop} must include {STOP_STRINGS}")
+        self._name = name
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.codec = EpisodeCodec(tokenizer)
+        self.sampling = sampling
+        self.chat_template = chat_template
+        self.max_context_tokens = max_context_tokens
+        self._settings = dict(settings or {})
+        self._n_calls = 0
+
+    @property
+    def name(self) -> str:
+        """The label in reports."""
+        return self._name
+
+    def settings(self) -> dict[str, Any]:
+        """Backend, sampling and prompt handling."""
+        return {
+            **self._settings,
+            "sampling": _sampling_json(self.sampling),
+            "chat_template": self.chat_template,
+            "max_context_tokens": self.max_context_tokens,
+        }
+
+    def start(self, prompt: str, info: Mapping[str, Any]) -> _TokenState:
+        """Tokenise the prompt: through the chat template when asked, else as training does."""
+        if self.chat_template:
+            ids = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, Mapping):  # some tokenizers return a BatchEncoding
+                ids = ids["input_ids"]
+            return _TokenState(ids=[int(t) for t in ids])
+        return _TokenState(ids=self.codec.encode_prompt(prompt))
+
+    def act(
+        self,
+        states: Sequence[_TokenState],
+        observations: Sequence[str],
+        infos: Sequence[Mapping[str, Any]],
+    ) -> list[AgentAction]:
+        """Append each observation's tokens, then continue every transcript in one batch."""
+        actions: list[AgentAction | None] = [None] * len(states)
+        todo: list[int] = []
+        for i, (state, obs) in enumerate(zip(states, observations, strict=True)):
+            if obs:
+                state.ids.extend(self.codec.encode_text(obs))
+            if len(state.ids) + self.sampling.max_new_tokens > self.max_context_tokens:
+                actions[i] = AgentAction(text="", finish_reason="context")
+            else:
+                todo.append(i)
+        if todo:
+            self._n_calls += 1
+            completions = self.backend.generate(
+                [states[i].ids for i in todo], call_sampling(self.sampling, self._n_calls)
+            )
+            for i, completion in zip(todo, completions, strict=True):
+                states[i].ids.extend(completion.token_ids)
+                actions[i] = AgentAction(
+                    text=completion.text,
+                    n_tokens=completion.n_tokens,
+                    finish_reason=completion.finish_reason,
+                )
+        return [a for a in actions if a is not None]
+
+
+# --- HTTP (OpenAI-compatible) ------------------------------------------------------------------
+
+_OPENERS = (("<search>", "</search>"), ("<answer>", "</answer>"))
+
+
+def close_open_tag(text: str) -> str:
+    """Restore a closing tag that an API cut off as a stop string.
+
+    The OpenAI API removes the stop string from the text and (unlike vLLM) does not say which
+    one matched. The last opened `<search>` or `<answer>` without its closing tag tells.
+
+    >>> close_open_tag("<think>hm</think><search> Acme founder ")
+    '<think>hm</think><search> Acme founder </search>'
+    >>> close_open_tag("<answer> Paris </answer>")
+    '<answer> Paris </answer>'
+    """
+    best_at, closer = -1, ""
+    for opener, end in _OPENERS:
+        at = text.rfind(opener)
+        if at > best_at and text.find(end, at) == -1:
+            best_at, closer = at, end
+    return text + closer if closer else text
+
+
+@dataclass
+class _TextState:
+    transcript: str
+    messages: list[dict[str, str]]
+
+
+class HTTPAgent:
+    """A model behind an OpenAI-compatible endpoint; all running episodes are sent concurrently.
+
+    Args:
+        name: the label in reports.
+        client: the endpoint client (concurrency, retries and timeouts live there).
+        sampling: generation settings (stop strings `</search>`, `</answer>`).
+        api: `completions` sends the whole transcript as one text prompt (Search-R1's protocol:
+            observations are part of the model's own stream); `chat` sends a conversation
+            (prompt and observations as user turns, actions as assistant turns), for chat-only
+            hosted APIs.
+        prompt_wrapper: turns the prompt into the text sent (a chat template applied
+            client-side for `completions`); None sends it as it is.
+        settings: extra fields for the report.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        client: OpenAICompatClient,
+        sampling: SamplingParams,
+        *,
+        api: Literal["completions", "chat"] = "completions",
+        prompt_wrapper: Callable[[str], str] | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._name = name
+        self.prompt_wrapper = prompt_wrapper
+        self.client = client
+        self.sampling = sampling
+        self.api = api
+        self._settings = dict(settings or {})
+        self._n_calls = 0
+
+    @property
+    def name(self) -> str:
+        """The label in reports."""
+        return self._name
+
+    def settings(self) -> dict[str, Any]:
+        """Endpoint (without the API key), API kind and sampling."""
+        endpoint = asdict(self.client.config)
+        endpoint.pop("api_key", None)
+        return {
+            **self._settings,
+            "backend": "openai-compatible",
+            "endpoint": endpoint,
+            "api": self.api,
+            "chat_template": self.prompt_wrapper is not None,
+            "sampling": _sampling_json(self.sampling),
+        }
+
+    def check_endpoint(self) -> None:
+        """Fail before the run if the endpoint is down or does not serve this model.
+
+        Raises:
+            EndpointError: the endpoint does not answer.
+            EndpointRejected: it refuses the key, or does not list the model.
+        """
+        served = self.client.models()
+        if served is None:
+            log.info("%s has no /models; the model name is checked by the first request",
+                     self.client.config.api_root)  # fmt: skip
+            return
+        if self.client.config.model not in served:
+            raise EndpointRejected(
+                f"{self.client.config.api_root} does not serve model "
+                f"{self.client.config.model!r}; it serves {', '.join(served) or 'nothing'} "
+                "(pass one of them to --model)"
+            )
+
+    def start(self, prompt: str, info: Mapping[str, Any]) -> _TextState:
+        """The transcript starts with the prompt."""
+        text = prompt if self.prompt_wrapper is None else self.prompt_wrapper(prompt)
+        return _TextState(transcript=text, messages=[{"role": "user", "content": prompt}])
+
+    def act(
+        self,
+        states: Sequence[_TextState],
+        observations: Sequence[str],
+        infos: Sequence[Mapping[str, Any]],
+    ) -> list[AgentAction]:
+        """Send every running episode's transcript at once; append each reply.
+
+        An episode whose prompt the endpoint refuses as too long for the model's context ends
+        there (`finish_reason="context"`), as does one whose replies stay malformed after the
+        retries (`"error"`); any other refusal is raised.
+
+        Raises:
+            EndpointError: the endpoint did not answer within its retries.
+            EndpointRejected: the endpoint refused a request for another reason.
+        """
+        for state, obs in zip(states, observations, strict=True):
+            if obs:
+                state.transcript += obs
+                state.messages.append({"role": "user", "content": obs})
+        self._n_calls += 1
+        sampling = call_sampling(self.sampling, self._n_calls)
+        if self.api == "chat":
+            replies = self.client.chat_each([s.messages for s in states], sampling)
+        else:
+            replies = self.client.complete_each([s.transcript for s in states], sampling)
+        actions = []
+        for state, reply in zip(states, replies, strict=True):
+            if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
+                actions.append(AgentAction(text="", finish_reason="context"))
+                continue
+            if isinstance(reply, MalformedReply):  # this episode only; the run goes on
+                log.warning("an episode ends without an answer: %s", reply)
+                actions.append(AgentAction(text="", finish_reason="error"))
+                continue
+            if isinstance(reply, EndpointRejected):
+                raise reply
+            text = _action_text(reply)
+            state.transcript += text
+            state.messages.append({"role": "assistant", "content": text})
+            n_tokens = reply.n_completion_tokens
+            if n_tokens is None:
+                n_tokens = len(reply.token_ids) if reply.token_ids is not None else 0
+            actions.append(
+                AgentAction(text=text, n_tokens=n_tokens, finish_reason=reply.finish_reason)
+            )
+        return actions
+
+
+def call_sampling(sampling: SamplingParams, call: int) -> SamplingParams:
+    """`sampling` for an agent's `call`-th batch: a seed of its own, derived from the run's.
+
+    A backend seeded with one value on every call draws the same random numbers for the same
+    batch position on every turn, so a T > 0 run would not sample independently (it moved
+    the shipped warm start's EM well beyond sampling noise). None stays None.
+    """
+    if sampling.seed is None:
+        return sampling
+    return replace(sampling, seed=(sampling.seed * 1_000_003 + call) % 2**63)
+
+
+def _action_text(reply: TextCompletion) -> str:
+    if reply.finish_reason == "stop" and reply.stop is None:
+        return close_open_tag(reply.text)  # a stop string the API cut off, if any
+    return reply.text
+
+
+def _sampling_json(sampling: SamplingParams) -> dict[str, Any]:
+    out = asdict(sampling)
+    out["stop"] = list(sampling.stop)
+    return out

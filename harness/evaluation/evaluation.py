@@ -1,0 +1,493 @@
+"""Evaluate an agent on a task set: episodes through the env, then metrics per group.
+
+`evaluate(agent, env_factory, tasks)` plays one episode per task, `batch_size` at a time (a
+finished episode's slot is refilled at once), and returns a `Report`: every episode's record
+(its turns, answer and scores) and the metrics overall, per dataset, per question type and per
+hop count.
+
+Metrics (see docs/benchmarks.md):
+
+- `em`, `sub_em`, `f1`: the env's scores of the episode's answer (`envs.rewards`: SQuAD
+  normalisation, best over gold answers and aliases); an episode with no answer scores 0.
+- `answered`: share of episodes that ended with an answer.
+- `valid_action_rate`: valid actions / all actions (an invalid action is anything that is not a
+  well-formed search or answer).
+- `searches`, `turns`, `tokens`: per question, means; tokens are generated tokens only.
+- `recall`: share of a task's supporting documents that some search retrieved, averaged over
+  the tasks that name supporting documents (`n_recall`); needs an index whose ids match the
+  tasks' (built by `tracerl corpus`, or the synthetic world).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envs.tasks import QATask, as_gold_answers
+from harness.evaluation.agents import Agent, AgentAction
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "EpisodeRecord",
+    "Metrics",
+    "Report",
+    "TurnLog",
+    "aggregate",
+    "evaluate",
+    "evaluate_policy_dir",
+]
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnLog:
+    """One action and what the env said back."""
+
+    action: str
+    observation: str
+    kind: str
+    """`search`, `answer` or `invalid`."""
+    valid: bool
+    n_tokens: int
+    finish_reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return {
+            "action": self.action,
+            "observation": self.observation,
+            "kind": self.kind,
+            "valid": self.valid,
+            "n_tokens": self.n_tokens,
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EpisodeRecord:
+    """One evaluated question: the trajectory and its scores."""
+
+    task_id: str
+    dataset: str
+    question: str
+    golden_answers: tuple[str, ...]
+    question_type: str
+    n_hops: int | None
+    answer: str | None
+    """The parsed answer, or None if the episode ended without one."""
+    em: float
+    sub_em: float
+    f1: float
+    end: str
+    """`answer`, `max_turns` (truncated by the env), `context` (the model's context ran out) or
+    `error` (the endpoint's replies stayed malformed after its retries)."""
+    n_tool_calls: int
+    n_tokens: int
+    retrieved_doc_ids: tuple[str, ...]
+    supporting_doc_ids: tuple[str, ...]
+    turns: tuple[TurnLog, ...]
+
+    @property
+    def n_turns(self) -> int:
+        """Actions taken."""
+        return len(self.turns)
+
+    @property
+    def n_valid(self) -> int:
+        """Valid actions taken."""
+        return sum(t.valid for t in self.turns)
+
+    @property
+    def recall(self) -> float | None:
+        """Share of supporting documents retrieved; None when the task names none."""
+        if not self.supporting_doc_ids:
+            return None
+        retrieved = set(self.retrieved_doc_ids)
+        return sum(d in retrieved for d in self.supporting_doc_ids) / len(self.supporting_doc_ids)
+
+    def to_json(self) -> dict[str, Any]:
+        """The trajectories.jsonl line."""
+        return {
+            "task_id": self.task_id,
+            "dataset": self.dataset,
+            "question": self.question,
+            "golden_answers": list(self.golden_answers),
+            "question_type": self.question_type,
+            "n_hops": self.n_hops,
+            "answer": self.answer,
+            "em": self.em,
+            "sub_em": self.sub_em,
+            "f1": self.f1,
+            "end": self.end,
+            "n_turns": self.n_turns,
+            "n_valid": self.n_valid,
+            "n_tool_calls": self.n_tool_calls,
+            "n_tokens": self.n_tokens,
+            "recall": self.recall,
+            "retrieved_doc_ids": list(self.retrieved_doc_ids),
+            "supporting_doc_ids": list(self.supporting_doc_ids),
+            "turns": [t.to_json() for t in self.turns],
+        }
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any]) -> EpisodeRecord:
+        """Inverse of `to_json`."""
+        return cls(
+            task_id=record["task_id"],
+            dataset=record["dataset"],
+            question=record["question"],
+            golden_answers=as_gold_answers(record["golden_answers"]),
+            question_type=record["question_type"],
+            n_hops=record["n_hops"],
+            answer=record["answer"],
+            em=record["em"],
+            sub_em=record["sub_em"],
+            f1=record["f1"],
+            end=record["end"],
+            n_tool_calls=record["n_tool_calls"],
+            n_tokens=record["n_tokens"],
+            retrieved_doc_ids=tuple(record["retrieved_doc_ids"]),
+            supporting_doc_ids=tuple(record["supporting_doc_ids"]),
+            turns=tuple(TurnLog(**t) for t in record["turns"]),
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """Aggregate metrics of a group of episodes (all means are per question)."""
+
+    n: int
+    em: float
+    sub_em: float
+    f1: float
+    answered: float
+    valid_action_rate: float
+    searches: float
+    turns: float
+    tokens: float
+    recall: float | None
+    """Mean over the `n_recall` episodes whose task names supporting documents."""
+    n_recall: int
+    searches_hist: dict[int, int] = field(default_factory=dict)
+    """Number of searches -> number of questions."""
+    ends: dict[str, int] = field(default_factory=dict)
+    """How episodes ended -> count."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (histogram keys become strings, as JSON requires)."""
+        return {
+            "n": self.n,
+            "em": self.em,
+            "sub_em": self.sub_em,
+            "f1": self.f1,
+            "answered": self.answered,
+            "valid_action_rate": self.valid_action_rate,
+            "searches": self.searches,
+            "turns": self.turns,
+            "tokens": self.tokens,
+            "recall": self.recall,
+            "n_recall": self.n_recall,
+            "searches_hist": {str(k): v for k, v in sorted(self.searches_hist.items())},
+            "ends": dict(sorted(self.ends.items())),
+        }
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return math.fsum(values) / len(values) if values else 0.0
+
+
+def aggregate(records: Sequence[EpisodeRecord]) -> Metrics:
+    """Metrics of a group of episodes.
+
+    Raises:
+        ValueError: `records` is empty.
+    """
+    if not records:
+        raise ValueError("cannot aggregate zero episodes")
+    n_actions = sum(r.n_turns for r in records)
+    recalls = [r.recall for r in records if r.recall is not None]
+    return Metrics(
+        n=len(records),
+        em=_mean(r.em for r in records),
+        sub_em=_mean(r.sub_em for r in records),
+        f1=_mean(r.f1 for r in records),
+        answered=_mean(float(r.answer is not None) for r in records),
+        valid_action_rate=sum(r.n_valid for r in records) / n_actions if n_actions else 0.0,
+        searches=_mean(r.n_tool_calls for r in records),
+        turns=_mean(r.n_turns for r in records),
+        tokens=_mean(r.n_tokens for r in records),
+        recall=_mean(recalls) if recalls else None,
+        n_recall=len(recalls),
+        searches_hist=dict(Counter(r.n_tool_calls for r in records)),
+        ends=dict(Counter(r.end for r in records)),
+    )
+
+
+def _group(
+    records: Sequence[EpisodeRecord], key: Callable[[EpisodeRecord], str]
+) -> dict[str, Metrics]:
+    groups: dict[str, list[EpisodeRecord]] = defaultdict(list)
+    for record in records:
+        groups[key(record)].append(record)
+    return {name: aggregate(groups[name]) for name in sorted(groups)}
+
+
+def _type_key(record: EpisodeRecord) -> str:
+    return f"{record.dataset}/{record.question_type or '-'}"
+
+
+def _hops_key(record: EpisodeRecord) -> str:
+    return f"{record.dataset}/{record.n_hops if record.n_hops is not None else '?'}-hop"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Report:
+    """The result of one evaluation: episodes, metrics, and what is needed to reproduce it."""
+
+    agent: str
+    episodes: tuple[EpisodeRecord, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Reproducibility: dataset hashes, index manifest, agent and env settings, seed, ..."""
+
+    @property
+    def overall(self) -> Metrics:
+        """Metrics over every episode."""
+        return aggregate(self.episodes)
+
+    @property
+    def by_dataset(self) -> dict[str, Metrics]:
+        """Metrics per dataset."""
+        return _group(self.episodes, lambda r: r.dataset)
+
+    @property
+    def by_type(self) -> dict[str, Metrics]:
+        """Metrics per `dataset/question_type`."""
+        return _group(self.episodes, _type_key)
+
+    @property
+    def by_hops(self) -> dict[str, Metrics]:
+        """Metrics per `dataset/N-hop`."""
+        return _group(self.episodes, _hops_key)
+
+    def to_json(self) -> dict[str, Any]:
+        """report.json (trajectories go to their own file)."""
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "agent": self.agent,
+            "meta": self.meta,
+            "overall": self.overall.to_json(),
+            "by_dataset": {k: v.to_json() for k, v in self.by_dataset.items()},
+            "by_type": {k: v.to_json() for k, v in self.by_type.items()},
+            "by_hops": {k: v.to_json() for k, v in self.by_hops.items()},
+        }
+
+
+# --- the episode loop --------------------------------------------------------------------------
+
+
+@dataclass
+class _Running:
+    """One episode in flight."""
+
+    env: Any
+    task: QATask
+    state: Any
+    observation: str
+    info: dict[str, Any]
+    turns: list[TurnLog] = field(default_factory=list)
+    n_tokens: int = 0
+
+
+def evaluate(
+    agent: Agent,
+    env_factory: Callable[[], Any],
+    tasks: Iterable[QATask],
+    *,
+    batch_size: int = 16,
+    seed: int = 0,
+    progress: bool = False,
+    on_episode: Callable[[EpisodeRecord], None] | None = None,
+) -> Report:
+    """Play one episode per task and score it.
+
+    Args:
+        agent: the agent.
+        env_factory: builds an env whose task set holds every task (e.g.
+            `lambda: SearchQAEnv(tasks, retriever, max_turns=4, top_k=3)`); `batch_size` envs
+            are built and reused.
+        tasks: the tasks to evaluate, in order.
+        batch_size: episodes in flight at once (one model batch, or concurrent HTTP requests).
+        seed: passed to every `env.reset`.
+        progress: draw a tqdm bar with the running EM.
+        on_episode: called with each finished episode (e.g. to stream trajectories).
+
+    Returns:
+        The report; `meta` holds the agent's settings, the seed and the counts.
+
+    Raises:
+        ValueError: `batch_size` < 1 or no tasks.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size={batch_size}: must be >= 1")
+    queue = list(tasks)
+    if not queue:
+        raise ValueError("no tasks to evaluate")
+    n_total = len(queue)
+    task_ids = [t.task_id for t in queue]
+    queue.reverse()  # pop() from the end takes tasks in order
+    envs = [env_factory() for _ in range(min(batch_size, n_total))]
+    free = list(reversed(envs))
+    running: list[_Running] = []
+    done: list[EpisodeRecord] = []
+    bar = _progress_bar(n_total, agent.name) if progress else None
+
+    def admit() -> None:
+        while queue and free:
+            task = queue.pop()
+            env = free.pop()
+            prompt, info = env.reset(seed=seed, options={"task_id": task.task_id})
+            running.append(
+                _Running(
+                    env=env, task=task, state=agent.start(prompt, info), observation="", info=info
+                )
+            )
+
+    admit()
+    while running:
+        actions = agent.act(
+            [r.state for r in running], [r.observation for r in running], [r.info for r in running]
+        )
+        if len(actions) != len(running):
+            raise RuntimeError(
+                f"agent {agent.name!r} returned {len(actions)} actions for {len(running)} episodes"
+            )
+        still: list[_Running] = []
+        for episode, action in zip(running, actions, strict=True):
+            end = _step(episode, action)
+            if end is None:
+                still.append(episode)
+                continue
+            record = _record(episode, end)
+            done.append(record)
+            free.append(episode.env)
+            if on_episode is not None:
+                on_episode(record)
+            if bar is not None:
+                bar.update(1)
+                bar.set_postfix(em=f"{_mean(r.em for r in done):.3f}", refresh=False)
+        running = still
+        admit()
+    if bar is not None:
+        bar.close()
+    position = {task_id: i for i, task_id in enumerate(task_ids)}
+    return Report(
+        agent=agent.name,
+        episodes=tuple(sorted(done, key=lambda r: position[r.task_id])),  # task order
+        meta={"agent": agent.settings(), "seed": seed, "batch_size": batch_size},
+    )
+
+
+def _step(episode: _Running, action: AgentAction) -> str | None:
+    """Apply one action; return how the episode ended, or None if it goes on."""
+    episode.n_tokens += action.n_tokens
+    if action.finish_reason in ("context", "error"):
+        return action.finish_reason
+    observation, _, terminated, truncated, info = episode.env.step(action.text)
+    episode.turns.append(
+        TurnLog(
+            action=action.text,
+            observation=observation,
+            kind=str(info["action_kind"]),
+            valid=bool(info["valid_action"]),
+            n_tokens=action.n_tokens,
+            finish_reason=action.finish_reason,
+        )
+    )
+    episode.observation, episode.info = observation, info
+    if terminated:
+        return "answer"
+    if truncated:
+        return "max_turns"
+    return None
+
+
+def _record(episode: _Running, end: str) -> EpisodeRecord:
+    info, task = episode.info, episode.task
+    answered = end == "answer"
+    return EpisodeRecord(
+        task_id=task.task_id,
+        dataset=task.dataset,
+        question=task.question,
+        golden_answers=task.golden_answers,
+        question_type=task.question_type,
+        n_hops=task.n_hops,
+        answer=info.get("answer") if answered else None,
+        em=float(info.get("em", 0.0)) if answered else 0.0,
+        sub_em=float(info.get("sub_em", 0.0)) if answered else 0.0,
+        f1=float(info.get("f1", 0.0)) if answered else 0.0,
+        end=end,
+        n_tool_calls=int(info.get("n_tool_calls", 0)),
+        n_tokens=episode.n_tokens,
+        retrieved_doc_ids=tuple(info.get("retrieved_doc_ids", ())),
+        supporting_doc_ids=task.supporting_doc_ids,
+        turns=tuple(episode.turns),
+    )
+
+
+def _progress_bar(total: int, name: str) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=f"bench {name}", unit="q", dynamic_ncols=True)
+
+
+def evaluate_policy_dir(
+    policy_dir: Path,
+    env_factory: Callable[[], Any],
+    tasks: Iterable[QATask],
+    *,
+    name: str,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = False,
+) -> Report:
+    """Evaluate a local transformers policy directory (a tiny policy, or a trained one).
+
+    The policy samples from one seeded stream for the whole evaluation (a fixed per-call seed
+    would reuse the same random numbers every turn), so two policies evaluated with the same
+    `seed` draw from the same stream: the comparison the demo and the experiment make.
+
+    Args:
+        policy_dir: A transformers causal-LM directory with its tokenizer.
+        env_factory: See `evaluate`.
+        tasks: The questions (repeat a task to sample it several times).
+        name: The label in reports.
+        temperature: 1 samples the policy's own distribution; 0 is greedy.
+        max_new_tokens: Cap per action.
+        seed: Seeds the sampling stream and every `env.reset`.
+        batch_size: Episodes in flight at once (one model batch).
+        progress: Draw a tqdm bar.
+    """
+    from harness.evaluation.agents import PolicyAgent
+    from harness.policies import SamplingParams, TransformersBackend
+
+    backend = TransformersBackend(policy_dir, seed=seed)
+    agent = PolicyAgent(
+        name,
+        backend,
+        backend.tokenizer,
+        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        max_context_tokens=int(backend.model.config.max_position_embeddings),
+        settings={"policy": str(policy_dir)},
+    )
+    return evaluate(agent, env_factory, tasks, batch_size=batch_size, seed=seed, progress=progress)

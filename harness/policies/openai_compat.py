@@ -1,0 +1,597 @@
+"""An httpx client for OpenAI-compatible endpoints, and a `PolicyBackend` on top of it.
+
+It speaks `/v1/completions` (a text prompt, or a token-id prompt, which vLLM accepts) and
+`/v1/chat/completions`, so it covers `vllm serve MODEL` (or
+`python -m vllm.entrypoints.openai.api_server`) as well as hosted APIs.
+
+- **Concurrency:** a batch of prompts is sent as concurrent requests, at most
+  `max_concurrency` in flight per call.
+- **Failures:** connection errors, timeouts, 408, 429 and 5xx are retried `max_retries` times
+  with exponential backoff (honouring `Retry-After`), then raise `EndpointError` naming the URL
+  and the last cause; any other 4xx, or a reply that is not the API's, raises
+  `EndpointRejected` at once (retrying a bad request cannot help), `ContextLengthExceeded`
+  when the prompt outgrew the model's context. `complete_each` / `chat_each` return such a
+  refusal in the request's place instead, so one long episode does not end a whole batch.
+- **Stop strings:** the OpenAI API cuts the stop string off the text. With
+  `extensions="vllm"` (the default) the client asks vLLM to keep it
+  (`include_stop_str_in_output`), to say which one matched (`stop_reason`) and to return the
+  generated token ids (`return_token_ids`), which `OpenAICompatBackend` needs to be
+  token-in/token-out. With `extensions="none"` (hosted APIs, which reject unknown fields) only
+  standard fields are sent and `TextCompletion.stop` is None when the API does not say.
+
+Both a synchronous API (`complete`, `chat`) and an asynchronous one (`acomplete`, `achat`) are
+offered; the synchronous one runs its own event loop, so call the async one from inside a
+running loop (a notebook, an async server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+import httpx
+
+from harness.errors import (
+    ContextLengthExceeded,
+    EndpointError,
+    EndpointRejected,
+    MalformedReply,
+)
+from harness.policies.base import Completion, SamplingParams
+
+__all__ = [
+    "EndpointConfig",
+    "Message",
+    "OpenAICompatBackend",
+    "OpenAICompatClient",
+    "TextCompletion",
+]
+
+log = logging.getLogger(__name__)
+
+Message = Mapping[str, str]
+"""A chat message, `{"role": "user" | "assistant" | "system", "content": str}`."""
+
+FinishReason = Literal["stop", "length", "eos"]
+
+_RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# vLLM: "This model's maximum context length is 512 tokens"; OpenAI: the same words, and the
+# code "context_length_exceeded"
+_CONTEXT_ERROR = re.compile(r"maximum context length|context_length_exceeded", re.IGNORECASE)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndpointConfig:
+    """Where an OpenAI-compatible endpoint is and how to talk to it."""
+
+    base_url: str
+    """The API root, e.g. `http://127.0.0.1:8000/v1` (a missing `/v1` is added)."""
+    model: str
+    """The served model name (`vllm serve` uses the model path unless `--served-model-name`)."""
+    api_key: str | None = None
+    """Sent as `Authorization: Bearer ...` when set."""
+    timeout_s: float = 120.0
+    """Per request; a turn of a long reasoning model can take a while."""
+    max_retries: int = 3
+    """Retries after the first attempt, for connection errors, timeouts, 408, 429 and 5xx."""
+    backoff_s: float = 0.5
+    """First retry delay; doubles each retry, capped at `max_backoff_s`."""
+    max_backoff_s: float = 8.0
+    max_concurrency: int = 16
+    """Requests in flight at once per call."""
+    extensions: Literal["vllm", "none"] = "vllm"
+    """`vllm`: also send vLLM's fields (keep stop strings, return token ids, top_k, keep
+    special tokens); `none`: the standard OpenAI fields only."""
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url={self.base_url!r}: must start with http:// or https://")
+        if self.max_retries < 0 or self.max_concurrency < 1 or self.timeout_s <= 0:
+            raise ValueError(
+                f"max_retries={self.max_retries} (>= 0), max_concurrency={self.max_concurrency} "
+                f"(>= 1), timeout_s={self.timeout_s} (> 0): out of range"
+            )
+
+    @property
+    def api_root(self) -> str:
+        """`base_url` without a trailing slash, ending in `/v1`."""
+        root = self.base_url.rstrip("/")
+        return root if root.endswith("/v1") else root + "/v1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextCompletion:
+    """One generated continuation, as an HTTP endpoint returns it."""
+
+    text: str
+    finish_reason: FinishReason
+    """stop: a stop string (or, without vLLM's `stop_reason`, possibly EOS); length: max
+    tokens; eos: the model's end token."""
+    stop: str | None = None
+    """The stop string that ended the text, when the server says (vLLM) or it is in the text."""
+    token_ids: tuple[int, ...] | None = None
+    """Generated token ids (vLLM's `return_token_ids`); None when the server gives none."""
+    logprobs: tuple[float, ...] | None = None
+    """Per generated token, when requested and offered."""
+    n_prompt_tokens: int | None = None
+    """From the reply's `usage`."""
+    n_completion_tokens: int | None = None
+
+
+class OpenAICompatClient:
+    """Batched, concurrent, retrying calls to an OpenAI-compatible endpoint.
+
+    Args:
+        config: the endpoint.
+        transport: an httpx transport to use instead of the network (tests, proxies).
+
+    Example:
+        >>> client = OpenAICompatClient(EndpointConfig(base_url="http://127.0.0.1:8000/v1",
+        ...                                            model="Qwen/Qwen3-8B"))  # doctest: +SKIP
+        >>> client.complete(["<think>"], SamplingParams(temperature=0))[0].text  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, config: EndpointConfig, *, transport: httpx.AsyncBaseTransport | None = None
+    ) -> None:
+        self.config = config
+        self._transport = transport
+        self._warned_retry = False
+
+    # --- public API ------------------------------------------------------------------------
+
+    def models(self) -> list[str] | None:
+        """`GET /v1/models`: the served model ids, or None if the endpoint has no such route.
+
+        One attempt with a short timeout: it runs before a benchmark, to fail at once on a
+        dead endpoint or a wrong model name instead of after every request's retries.
+
+        Raises:
+            EndpointError: the endpoint does not answer.
+            EndpointRejected: it answers 401/403 (a bad key) or a reply that is not a model list.
+        """
+        return _run_sync(self._amodels())
+
+    async def _amodels(self) -> list[str] | None:
+        url = self.config.api_root + "/models"
+        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        timeout = min(self.config.timeout_s, 10.0)
+        try:
+            async with httpx.AsyncClient(
+                timeout=timeout, headers=headers, transport=self._transport
+            ) as http:
+                response = await http.get(url)
+        except httpx.TransportError as err:
+            raise EndpointError(
+                f"cannot reach {self.config.api_root} ({type(err).__name__}: {err or 'no reply'}); "
+                "is the server up? Start one with `vllm serve MODEL`"
+            ) from err
+        if response.status_code in (404, 405):
+            return None
+        if response.status_code in (401, 403):
+            raise EndpointRejected(
+                f"GET {url} was refused with HTTP {response.status_code}: check --api-key "
+                "(or $OPENAI_API_KEY)"
+            )
+        try:
+            data = response.json()["data"]
+            return [str(m["id"]) for m in data]
+        except (ValueError, KeyError, TypeError) as err:
+            raise EndpointRejected(
+                f"GET {url} answered HTTP {response.status_code} without a model list: "
+                f"{response.text[:200]!r}"
+            ) from err
+
+    def complete(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
+    ) -> list[TextCompletion]:
+        """`/v1/completions` for each prompt (text, or token ids), one completion each.
+
+        Raises:
+            EndpointError: a request still failed after the retries.
+            EndpointRejected: the endpoint refused a request or sent a malformed reply.
+            RuntimeError: called from inside a running event loop (use `acomplete`).
+        """
+        return _run_sync(self.acomplete(prompts, sampling))
+
+    def chat(
+        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
+    ) -> list[TextCompletion]:
+        """`/v1/chat/completions` for each conversation, one reply each.
+
+        Raises:
+            EndpointError: a request still failed after the retries.
+            EndpointRejected: the endpoint refused a request or sent a malformed reply.
+            RuntimeError: called from inside a running event loop (use `achat`).
+        """
+        return _run_sync(self.achat(conversations, sampling))
+
+    def complete_each(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
+    ) -> list[TextCompletion | EndpointRejected]:
+        """`complete`, but a request the endpoint refuses gives its error in its place.
+
+        An agent uses this so that one prompt that outgrew the model's context
+        (`ContextLengthExceeded`) ends one episode, not the whole batch.
+
+        Raises:
+            EndpointError: a request still failed after the retries.
+        """
+        return _run_sync(self._completions(prompts, sampling, capture=True))
+
+    def chat_each(
+        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
+    ) -> list[TextCompletion | EndpointRejected]:
+        """`chat`, but a request the endpoint refuses gives its error in its place.
+
+        Raises:
+            EndpointError: a request still failed after the retries.
+        """
+        return _run_sync(self._chats(conversations, sampling, capture=True))
+
+    async def acomplete(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
+    ) -> list[TextCompletion]:
+        """Async `complete`."""
+        return _all_completions(await self._completions(prompts, sampling, capture=False))
+
+    async def achat(
+        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
+    ) -> list[TextCompletion]:
+        """Async `chat`."""
+        return _all_completions(await self._chats(conversations, sampling, capture=False))
+
+    async def _completions(
+        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams, *, capture: bool
+    ) -> list[TextCompletion | EndpointRejected]:
+        bodies = [
+            self._completion_body(p if isinstance(p, str) else [int(t) for t in p], sampling, i)
+            for i, p in enumerate(prompts)
+        ]
+        return await self._post_all(
+            "/completions", bodies, sampling, _parse_completion_choice, capture=capture
+        )
+
+    async def _chats(
+        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams, *, capture: bool
+    ) -> list[TextCompletion | EndpointRejected]:
+        bodies = [
+            self._chat_body([dict(m) for m in messages], sampling, i)
+            for i, messages in enumerate(conversations)
+        ]
+        return await self._post_all(
+            "/chat/completions", bodies, sampling, _parse_chat_choice, capture=capture
+        )
+
+    # --- requests --------------------------------------------------------------------------
+
+    def _common_body(self, sampling: SamplingParams, index: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.config.model,
+            "max_tokens": sampling.max_new_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "n": 1,
+        }
+        if sampling.stop:
+            body["stop"] = list(sampling.stop)
+        if sampling.seed is not None:
+            # one seed per request, so identical prompts in a batch still differ (as VLLMBackend)
+            body["seed"] = (sampling.seed * 1_000_003 + index) % 2**63
+        if self.config.extensions == "vllm":
+            body["include_stop_str_in_output"] = True
+            body["return_token_ids"] = True
+            body["skip_special_tokens"] = False  # the tiny policy's tags are special tokens
+            if sampling.top_k > 0:
+                body["top_k"] = sampling.top_k
+        return body
+
+    def _completion_body(
+        self, prompt: str | list[int], sampling: SamplingParams, index: int
+    ) -> dict[str, Any]:
+        body = self._common_body(sampling, index)
+        body["prompt"] = prompt
+        if sampling.logprobs:
+            body["logprobs"] = 0 if self.config.extensions == "vllm" else 1  # sampled token only
+        return body
+
+    def _chat_body(
+        self, messages: list[dict[str, str]], sampling: SamplingParams, index: int
+    ) -> dict[str, Any]:
+        body = self._common_body(sampling, index)
+        body["messages"] = messages
+        if sampling.logprobs:
+            body["logprobs"] = True
+        return body
+
+    async def _post_all(
+        self,
+        path: str,
+        bodies: list[dict[str, Any]],
+        sampling: SamplingParams,
+        parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
+        *,
+        capture: bool,
+    ) -> list[TextCompletion | EndpointRejected]:
+        if not bodies:
+            return []
+        url = self.config.api_root + path
+        headers = {"Content-Type": "application/json"}
+        if self.config.api_key:
+            headers["Authorization"] = f"Bearer {self.config.api_key}"
+        limits = httpx.Limits(max_connections=self.config.max_concurrency)
+        gate = asyncio.Semaphore(self.config.max_concurrency)
+        async with httpx.AsyncClient(
+            timeout=self.config.timeout_s,
+            headers=headers,
+            limits=limits,
+            transport=self._transport,
+        ) as http:
+
+            async def one(body: dict[str, Any]) -> TextCompletion | EndpointRejected:
+                try:
+                    return await self._post_and_parse(http, gate, url, body, sampling, parse)
+                except EndpointRejected as err:
+                    if capture:
+                        return err
+                    raise
+
+            return list(await asyncio.gather(*(one(body) for body in bodies)))
+
+    async def _post_and_parse(
+        self,
+        http: httpx.AsyncClient,
+        gate: asyncio.Semaphore,
+        url: str,
+        body: dict[str, Any],
+        sampling: SamplingParams,
+        parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
+    ) -> TextCompletion:
+        """One request's completion; a malformed 200 reply is asked again, `max_retries` times.
+
+        Raises:
+            MalformedReply: every reply was malformed (the caller fails that episode only).
+        """
+        for attempt in range(self.config.max_retries + 1):
+            try:
+                async with gate:
+                    return _parse_reply(
+                        await self._post_with_retries(http, url, body), url, sampling, parse
+                    )
+            except MalformedReply as err:
+                if attempt == self.config.max_retries:
+                    raise
+                log.warning("%s; asking again (%d/%d)", err, attempt + 1, self.config.max_retries)
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    async def _post_with_retries(
+        self, http: httpx.AsyncClient, url: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """POST with bounded retries; the only place in the harness that retries HTTP."""
+        attempts = self.config.max_retries + 1
+        last: str = ""
+        for attempt in range(attempts):
+            delay = min(self.config.backoff_s * 2**attempt, self.config.max_backoff_s)
+            try:
+                response = await http.post(url, json=body)
+            except httpx.TransportError as err:  # connect, read timeout, protocol errors
+                last = f"{type(err).__name__}: {err}"
+            else:
+                if response.status_code == 200:
+                    try:
+                        reply = response.json()
+                    except ValueError as err:
+                        raise MalformedReply(
+                            f"POST {url}: the reply is not JSON ({response.text[:200]!r})"
+                        ) from err
+                    if not isinstance(reply, dict):
+                        raise MalformedReply(f"POST {url}: the reply is not a JSON object")
+                    return reply
+                detail = response.text[:300]
+                if response.status_code not in _RETRY_STATUSES:
+                    refused = f"POST {url} was refused with HTTP {response.status_code}: {detail}"
+                    if _CONTEXT_ERROR.search(response.text):
+                        raise ContextLengthExceeded(refused)
+                    raise EndpointRejected(refused)
+                last = f"HTTP {response.status_code}: {detail}"
+                delay = _retry_after(response, default=delay, cap=self.config.max_backoff_s)
+            if attempt + 1 < attempts:
+                # the first retry warns; the rest (every request of a batch retries) log at
+                # debug, so a dying endpoint gives one warning and then one error
+                level = logging.DEBUG if self._warned_retry else logging.WARNING
+                self._warned_retry = True
+                log.log(
+                    level,
+                    "POST %s failed (%s); retry %d/%d in %.2f s",
+                    url,
+                    last,
+                    attempt + 1,
+                    self.config.max_retries,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+        raise EndpointError(
+            f"POST {url} failed {attempts} times (last: {last}). Is the server up and serving "
+            f"model {self.config.model!r}? Start one with `vllm serve MODEL`, or raise the "
+            "timeout (timeout_s) or the retries (max_retries)."
+        )
+
+
+def _all_completions(results: list[TextCompletion | EndpointRejected]) -> list[TextCompletion]:
+    """Narrow a `capture=False` result (which never holds an error) to completions."""
+    return [r for r in results if isinstance(r, TextCompletion)]
+
+
+def _retry_after(response: httpx.Response, *, default: float, cap: float) -> float:
+    """The server's `Retry-After` (seconds), capped; `default` if it sends none we can read."""
+    value = response.headers.get("retry-after")
+    try:
+        return min(max(float(value), 0.0), cap) if value is not None else default
+    except ValueError:
+        return default
+
+
+_T = TypeVar("_T")
+
+
+def _run_sync(coro: Awaitable[_T]) -> _T:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    coro.close()  # type: ignore[attr-defined]  # never awaited: do not leak a warning
+    raise RuntimeError(
+        "OpenAICompatClient.complete/chat was called inside a running event loop; "
+        "await acomplete/achat instead"
+    )
+
+
+# --- replies -----------------------------------------------------------------------------------
+
+
+def _parse_reply(
+    reply: dict[str, Any],
+    url: str,
+    sampling: SamplingParams,
+    parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
+) -> TextCompletion:
+    try:
+        choice = reply["choices"][0]
+        completion = parse(choice, sampling)
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise MalformedReply(
+            f"POST {url}: the reply is not an OpenAI completion ({err!r}): {str(reply)[:300]}"
+        ) from err
+    usage = reply.get("usage") or {}
+    return _with_usage(completion, usage)
+
+
+def _with_usage(completion: TextCompletion, usage: Mapping[str, Any]) -> TextCompletion:
+    prompt, generated = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    return TextCompletion(
+        text=completion.text,
+        finish_reason=completion.finish_reason,
+        stop=completion.stop,
+        token_ids=completion.token_ids,
+        logprobs=completion.logprobs,
+        n_prompt_tokens=int(prompt) if prompt is not None else None,
+        n_completion_tokens=int(generated) if generated is not None else None,
+    )
+
+
+def _finish(
+    choice: Mapping[str, Any], text: str, sampling: SamplingParams
+) -> tuple[FinishReason, str | None]:
+    """Map OpenAI's finish_reason (+ vLLM's stop_reason) onto ours, and name the stop string."""
+    reason = choice.get("finish_reason")
+    if reason == "length":
+        return "length", None
+    stop_reason = choice.get("stop_reason")
+    if isinstance(stop_reason, str):
+        return "stop", stop_reason
+    ending = next((s for s in sampling.stop if text.endswith(s)), None)
+    if ending is not None:
+        return "stop", ending
+    if "stop_reason" in choice:  # vLLM says: no stop string, no stop token id -> EOS
+        return "eos", None
+    return "stop", None  # plain OpenAI: a stop string (cut off) or EOS; it does not say
+
+
+def _parse_completion_choice(choice: dict[str, Any], sampling: SamplingParams) -> TextCompletion:
+    text = str(choice["text"])
+    finish, stop = _finish(choice, text, sampling)
+    logprobs = None
+    if choice.get("logprobs"):
+        logprobs = tuple(float(x) for x in choice["logprobs"]["token_logprobs"])
+    token_ids = choice.get("token_ids")
+    return TextCompletion(
+        text=text,
+        finish_reason=finish,
+        stop=stop,
+        token_ids=tuple(int(t) for t in token_ids) if token_ids is not None else None,
+        logprobs=logprobs,
+    )
+
+
+def _parse_chat_choice(choice: dict[str, Any], sampling: SamplingParams) -> TextCompletion:
+    text = str(choice["message"].get("content") or "")
+    finish, stop = _finish(choice, text, sampling)
+    logprobs = None
+    if choice.get("logprobs") and choice["logprobs"].get("content") is not None:
+        logprobs = tuple(float(item["logprob"]) for item in choice["logprobs"]["content"])
+    token_ids = choice.get("token_ids")
+    return TextCompletion(
+        text=text,
+        finish_reason=finish,
+        stop=stop,
+        token_ids=tuple(int(t) for t in token_ids) if token_ids is not None else None,
+        logprobs=logprobs,
+    )
+
+
+# --- PolicyBackend -----------------------------------------------------------------------------
+
+
+class OpenAICompatBackend:
+    """A token-in/token-out `PolicyBackend` over a vLLM OpenAI-compatible server.
+
+    Prefixes go to `/v1/completions` as token-id prompts, and the generated token ids come back
+    through vLLM's `return_token_ids`, so the tree-rollout engine can append observation tokens
+    without re-tokenising. Hosted APIs do not return token ids and cannot serve this path.
+
+    Args:
+        client: the client; its config must use `extensions="vllm"`.
+
+    Raises:
+        ValueError: the client does not use vLLM's extensions.
+    """
+
+    def __init__(self, client: OpenAICompatClient) -> None:
+        if client.config.extensions != "vllm":
+            raise ValueError(
+                "OpenAICompatBackend needs generated token ids, which only vLLM's "
+                "`return_token_ids` provides: use EndpointConfig(extensions='vllm')"
+            )
+        self.client = client
+
+    def generate(
+        self, prefixes: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[Completion]:
+        """Continue each prefix once.
+
+        Raises:
+            ValueError: a prefix is empty.
+            EndpointError: a request still failed after the retries.
+            EndpointRejected: the server returned no token ids (not vLLM, or vLLM < 0.10.2),
+                or log-probs that do not match the tokens.
+        """
+        for i, prefix in enumerate(prefixes):
+            if len(prefix) == 0:
+                raise ValueError(f"prefix {i} is empty: a prefix needs at least one token")
+        results = self.client.complete(prefixes, sampling)
+        return [self._completion(r, sampling) for r in results]
+
+    def _completion(self, result: TextCompletion, sampling: SamplingParams) -> Completion:
+        url = self.client.config.api_root
+        if result.token_ids is None:
+            raise EndpointRejected(
+                f"{url} returned no token ids; the token-in/token-out backend needs a vLLM "
+                "server (>= 0.10.2) that honours `return_token_ids`"
+            )
+        logprobs: tuple[float, ...] = ()
+        if sampling.logprobs:
+            logprobs = result.logprobs or ()
+            if len(logprobs) != len(result.token_ids):
+                raise EndpointRejected(
+                    f"{url} returned {len(logprobs)} log-probs for {len(result.token_ids)} tokens"
+                )
+        return Completion(
+            token_ids=result.token_ids,
+            text=result.text,
+            logprobs=logprobs,
+            finish_reason=result.finish_reason,
+        )
