@@ -81,6 +81,7 @@ from harness.tiny_policy.pipeline import ARTIFACTS_FILE
 from trace_alloc import (
     Allocator,
     BudgetLimit,
+    FlipCalibrator,
     Predictor,
     Spend,
     StepResult,
@@ -182,6 +183,8 @@ class Run:
     allocator: Allocator
     budget: BudgetLimit
     predictor: Predictor
+    flip_calibrator: FlipCalibrator | None
+    """Online calibration of Stage 2's flip chances (None when off)."""
     optimizer: Any
     losses: Any
     """OpenRLHF's loss helpers (`harness.openrlhf_compat.OpenRLHFLosses`)."""
@@ -376,6 +379,7 @@ def set_up(config: TrainConfig) -> Run:
         allocator=config.alloc.build(),
         budget=BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step),
         predictor=config.predictor.build(seed=config.seed),
+        flip_calibrator=config.predictor.build_flip_calibrator(),
         optimizer=make_optimizer(
             model,
             backend=optim.backend,
@@ -419,6 +423,8 @@ def resume(run: Run) -> Progress:
         return progress
     run.optimizer.load_state_dict(checkpoint.optimizer)
     run.predictor.load_state_dict(checkpoint.predictor)
+    if run.flip_calibrator is not None:
+        run.flip_calibrator.load_state_dict(checkpoint.predictor)
     torch.set_rng_state(checkpoint.torch_rng)
     s = checkpoint.state
     random.setstate(_python_rng_from_json(s["python_rng"]))
@@ -463,6 +469,7 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
         tokens_per_leaf=progress.tokens_per_leaf,
         max_waves=config.budget.max_waves,
         execute=ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None,
+        flip_calibration=run.flip_calibrator,
     )
     rollout_stats = engine.stats
     progress.carry = result.carry
@@ -476,6 +483,8 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
     # 3. predictor: calibration on unseen nodes first (roots and prefixes apart), then
     # learn every node, weighted by its outcomes
     record |= learn_from_step(run.predictor, result.trees)
+    if run.flip_calibrator is not None:  # fitted on this step's flips, used from the next
+        run.flip_calibrator.observe(record["stage2/p_flip_raw"], record["stage2/flipped"])
     check_same_across_ranks(run.predictor.state_dict(), ranks, "predictor")
 
     # 4. advantages on the trees the allocator keeps for training
@@ -585,7 +594,8 @@ def _save(run: Run, progress: Progress) -> None:
             progress.step,
             model=weights,
             optimizer=optimizer_state,
-            predictor=run.predictor.state_dict(),
+            predictor=run.predictor.state_dict()
+            | (run.flip_calibrator.state_dict() if run.flip_calibrator else {}),
             state=state,
             keep=run.config.keep_checkpoints,
         )

@@ -42,6 +42,7 @@ from trace_alloc.errors import (
     TreeFormatError,
     UnknownNameError,
 )
+from trace_alloc.flip_calibrator import FlipCalibrator
 from trace_alloc.memory import MemoryPredictor
 from trace_alloc.predictor import ConstantPredictor, HashedNgramFeaturizer, MLPPredictor
 from trace_alloc.solvers import (
@@ -89,6 +90,7 @@ __all__ = [
     "ExecutionError",
     "Executor",
     "Featurizer",
+    "FlipCalibrator",
     "ForestStats",
     "HashedNgramFeaturizer",
     "LeafAdvantage",
