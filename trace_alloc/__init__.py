@@ -29,6 +29,7 @@ from trace_alloc.errors import (
     TreeFormatError,
     UnknownNameError,
 )
+from trace_alloc.flip_calibrator import FlipCalibrator
 from trace_alloc.memory import MemoryPredictor
 from trace_alloc.predictor import ConstantPredictor, HashedNgramFeaturizer, MLPPredictor
 from trace_alloc.tree import Node, Prompt, Rollout, RolloutTree, Segment, Turn
@@ -43,6 +44,7 @@ __all__ = [
     "EntropyTree",
     "ExecutionError",
     "Executor",
+    "FlipCalibrator",
     "HashedNgramFeaturizer",
     "MLPPredictor",
     "MemoryPredictor",

@@ -113,11 +113,20 @@ def _check_group_size(group_size: int) -> None:
 
 
 def _requests(
-    tree_index: int, counts: Counter[int], p_flip: dict[int, float] | None = None
+    tree_index: int,
+    counts: Counter[int],
+    p_flip: dict[int, float] | None = None,
+    p_flip_raw: dict[int, float] | None = None,
 ) -> list[RolloutRequest]:
-    p_flip = p_flip or {}
+    p_flip, p_flip_raw = p_flip or {}, p_flip_raw or {}
     return [
-        RolloutRequest(tree_index=tree_index, node_id=node, n=n, p_flip=p_flip.get(node))
+        RolloutRequest(
+            tree_index=tree_index,
+            node_id=node,
+            n=n,
+            p_flip=p_flip.get(node),
+            p_flip_raw=p_flip_raw.get(node),
+        )
         for node, n in sorted(counts.items())
         if n > 0
     ]
@@ -414,7 +423,9 @@ class Trace:
     whose bare rollouts all agree are predicted to repeat them. A prefix whose flip chance
     1 − q is under `min_flip_prob` gets nothing, and budget never moves between trees: a prompt
     with no prefix left to expand returns its share to Stage-1 roots (`check_placement`
-    enforces it). Later waves (token currency) repeat Stage 2 on the grown trees.
+    enforces it). The floor reads the raw chance; placement and the logged `p_flip` use the
+    calibrated one when the view carries a calibration (`FlipCalibrator`). Later waves (token
+    currency) repeat Stage 2 on the grown trees.
     `stage1`/`stage2 = "uniform"` are the ablation switches.
     """
 
@@ -561,7 +572,8 @@ class Trace:
         requests: list[RolloutRequest] = []
         expected_flips = 0.0
         for i, share in shares.items():
-            nodes, q = eligible[i]
+            nodes, q_raw = eligible[i]
+            q = q_raw if view.flip_calibration is None else 1.0 - view.flip_calibration(1.0 - q_raw)
             if self.stage2 == "uniform":
                 k = np.full(len(nodes), share // len(nodes))
                 k[rng.choice(len(nodes), size=int(share % len(nodes)), replace=False)] += 1
@@ -570,7 +582,9 @@ class Trace:
                 expected_flips += float(v_prefix(q, k).sum())
             # q is NaN where no predictor scored the prefix (uniform placement without one)
             p_flip = {n: 1.0 - float(x) for n, x in zip(nodes, q, strict=True) if x == x}
-            requests += _requests(i, Counter(dict(zip(nodes, k.tolist(), strict=True))), p_flip)
+            p_raw = {n: 1.0 - float(x) for n, x in zip(nodes, q_raw, strict=True) if x == x}
+            counts = Counter(dict(zip(nodes, k.tolist(), strict=True)))
+            requests += _requests(i, counts, p_flip, p_raw)
         placed = sum(r.n for r in requests)
         if not self.prefer_unmixed:
             check_placement(view.trees, requests, self.continuations_per_rollout)

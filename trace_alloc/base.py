@@ -11,7 +11,7 @@ simulator, and a test can hand any forest to `ask`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -47,7 +47,10 @@ class RolloutRequest:
     p_flip: float | None = None
     """Stage 2: the allocator's chance that one continuation from this node ends with another
     outcome than the one every earlier leaf under it agreed on (logged against the realised
-    flips to calibrate it: `harness.training.metrics_log.flip_calibration`); None for roots."""
+    flips to calibrate it: `harness.training.metrics_log.flip_calibration`); None for roots.
+    Calibrated when the run calibrates flips (`AllocView.flip_calibration`)."""
+    p_flip_raw: float | None = None
+    """`p_flip` before calibration (what the calibrator is fitted on); equal without one."""
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -73,6 +76,9 @@ class AllocView:
     else an estimate from the measured tokens per leaf, rounded up."""
     spent: Spend = field(default_factory=Spend)
     """Spend so far this step, in all three currencies."""
+    flip_calibration: Callable[[np.ndarray], np.ndarray] | None = None
+    """Maps Stage 2's raw flip chances to calibrated ones (`trace_alloc.FlipCalibrator`);
+    None leaves them raw."""
 
     @property
     def exact(self) -> bool:

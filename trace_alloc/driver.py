@@ -12,7 +12,7 @@ holds exactly in aggregate (docs/trace_alloc.md, "Budget").
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -79,6 +79,7 @@ def run_step(
     carry: float = 0.0,
     tokens_per_leaf: float | None = None,
     max_waves: int = 64,
+    flip_calibration: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> StepResult:
     """Spend one step's budget on rollouts from `prompts`, as `allocator` directs.
 
@@ -94,6 +95,8 @@ def run_step(
             previous step's `StepResult.tokens_per_leaf`, or a guess); later waves use the cost
             measured on the previous wave. Required for the token currency.
         max_waves: safety bound on the number of waves.
+        flip_calibration: maps Stage 2's raw flip chances to calibrated ones (a
+            `FlipCalibrator` fitted on earlier steps); None leaves them raw.
 
     Returns:
         The trees, what the trainer should use, the spend and the carry for the next step.
@@ -124,6 +127,7 @@ def run_step(
             remaining=remaining,
             leaves_left=leaves_left,
             spent=spent,
+            flip_calibration=flip_calibration,
         )
         start = time.perf_counter()
         plan = allocator.ask(view, predictor=predictor, rng=rng)

@@ -5,11 +5,11 @@ Every run starts from the shipped warm start and trains as `make run` does (`ben
 only the allocator, the budget's currency and the learning rate differ. The arms:
 
 - `grpo` (`uniform`), `dapo` (`dynamic_sampling`, token currency only);
-- `trace`: N = 1, Stage 2 conditioned on the tree's own bare outcomes with the flip floor (the
-  defaults of `trace_alloc.Trace`);
+- `trace`: N = 1, Stage 2 conditioned on the tree's own bare outcomes with the flip floor, its
+  flip chances calibrated online (the defaults of `trace_alloc.Trace` and `tracerl train`);
 - `trace_n0`: Stage 1 only (N = 0);
-- `trace_blind`: N = 1 with the prefix predictor alone and no floor (Stage 2 before the
-  posterior: the control);
+- `trace_blind`: N = 1 with the prefix predictor alone, no floor and no calibration (Stage 2
+  before the posterior: the control);
 - `trace_mixed_only`: N = 1 on the tree's own rate alone (k = 0): continuations only in trees
   whose bare rollouts disagree, the cheapest control;
 - `trace_random`: N = 1 on random prefixes (`stage2="uniform"`), scored but not placed by the
@@ -74,6 +74,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "trace_random": {"name": "trace", "stage2": "uniform"},
 }
 """Arm -> its allocator (`name`, then the fields that differ from the allocator's defaults)."""
+
+UNCALIBRATED_ARMS = frozenset({"trace_blind"})
+"""Arms whose flip chances are not calibrated online (Stage 2 as it was before)."""
 
 LR_FAMILY = {"dapo": "grpo", "trace_n0": "trace", "trace_blind": "trace",
              "trace_mixed_only": "trace", "trace_random": "trace"}  # fmt: skip
@@ -369,6 +372,9 @@ def _train_config(run: StreamRun, context: _Context, artifacts: Any, steps: int)
         progress=False,
         torch_threads=1,
         alloc=AllocConfig.of(**ARMS[run.arm]),
+        predictor=dataclasses.replace(demo.predictor, flip_calibration=0.0)
+        if run.arm in UNCALIBRATED_ARMS
+        else demo.predictor,
         budget=BudgetConfig(currency=run.series, per_step=per_step, pool_size=config.pool_size),
         optim=OptimConfig(lr=config.lr * run.lr_multiplier),
         eval=dataclasses.replace(demo.eval, every=0),
@@ -442,10 +448,12 @@ def _run_metrics(
     def values(key: str) -> list[float]:
         return [float(r[key]) for r in rows if isinstance(r.get(key), int | float)]
 
-    pooled: dict[str, list[float]] = {"p_flip": [], "flipped": [], "settled": []}
+    pooled: dict[str, list[float]] = {"p_flip": [], "p_flip_raw": [], "flipped": [], "settled": []}
     for r in rows:
         for k in pooled:
-            pooled[k] += [float(x) for x in r.get(f"stage2/{k}", [])]
+            # runs logged before the calibration have no raw list: theirs equals p_flip
+            key = f"stage2/{k}" if k != "p_flip_raw" or k in r else "stage2/p_flip"
+            pooled[k] += [float(x) for x in r.get(key, [])]
     norms = [n for n in values("policy/update_norm") if n > 0]
     return {
         "tokens_by_step": values("budget/total_tokens"),
@@ -518,6 +526,8 @@ def _stage2(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Flips, settled share, Brier (against a constant) and AUC, pooled over runs."""
     n = sum(r["steps"]["continuations"] for r in records)
     p = [x for r in records for x in r["steps"]["scored"]["p_flip"]]
+    scored = [r["steps"]["scored"] for r in records]
+    raw = [x for s in scored for x in s.get("p_flip_raw", s["p_flip"])]
     y = [x for r in records for x in r["steps"]["scored"]["flipped"]]
     rate = sum(y) / len(y) if y else None
     return {
@@ -528,6 +538,9 @@ def _stage2(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         else None,
         "flip_brier": float(np.mean((np.array(p) - np.array(y)) ** 2)) if y else None,
         "flip_brier_constant": rate * (1 - rate) if rate is not None else None,
+        "flip_brier_uncalibrated": float(np.mean((np.array(raw) - np.array(y)) ** 2))
+        if y
+        else None,
         "mean_p_flip": float(np.mean(p)) if p else None,
         "flip_auc": _auc(p, y) if y else None,
         "n_scored": len(y),
@@ -609,6 +622,7 @@ def summarise(
         "settled_tree_continuation_share": stage2["settled_tree_continuation_share"],
         "flip_brier": stage2["flip_brier"],
         "flip_brier_constant": stage2["flip_brier_constant"],
+        "flip_brier_uncalibrated": stage2["flip_brier_uncalibrated"],
         "flip_auc": stage2["flip_auc"],
         "flip_auc_random_placement": _stage2(
             [r for r in records if r["run"]["arm"] == "trace_random"]

@@ -158,6 +158,7 @@ class TreeSamplesGenerator(SamplesGenerator):
             seed=config.seed,
         )
         self.predictor = config.predictor.build(seed=config.seed)
+        self.flip_calibrator = config.predictor.build_flip_calibrator()
         per_step = (
             args.rollout.batch_size * args.rollout.n_samples_per_prompt
             if config.budget.currency == "leaves"
@@ -322,12 +323,14 @@ class TreeSamplesGenerator(SamplesGenerator):
             predictor=self.predictor,
             carry=self.carry,
             tokens_per_leaf=self.tokens_per_leaf,
+            flip_calibration=self.flip_calibrator,
         )
         self.carry = result.carry
         if result.spent.n_leaves:
             self.tokens_per_leaf = result.tokens_per_leaf
         rollout_s = time.perf_counter() - start
-        predictor_metrics = self._update_predictor(result)
+        metrics = _step_metrics(result, self.engine.stats.tokens_per_s, rollout_s)
+        metrics |= self._update_predictor(result, metrics)
         kept = [result.trees[i] for i in result.train_indices]
         # leaves without signal carry no weight and leaves a fault ended are left out of the
         # advantages, as in the CPU trainer (docs/decisions.md)
@@ -344,8 +347,7 @@ class TreeSamplesGenerator(SamplesGenerator):
             pad_to_multiple(experiences, self.unit), len(experiences), actor_ranks(self.args)
         )
         self.last_step = result
-        self.last_metrics = _step_metrics(result, self.engine.stats.tokens_per_s, rollout_s)
-        self.last_metrics.update(predictor_metrics)
+        self.last_metrics = metrics
         self.last_metrics.update(advantage_metrics(kept, leaves))
         self.last_metrics["rollout/n_train_leaves"] = float(len(experiences))
         self.last_metrics["rollout/n_fillers"] = float(len(padded) - len(experiences))
@@ -356,7 +358,10 @@ class TreeSamplesGenerator(SamplesGenerator):
         self.last_metrics["budget/total_tool_calls"] = float(self.spent.n_tool_calls)
         return padded
 
-    def _update_predictor(self, result: StepResult) -> dict[str, float]:
+    def _update_predictor(self, result: StepResult, metrics: dict[str, Any]) -> dict[str, float]:
+        """Learn the step's nodes; fit the flip calibration on its flips (from `metrics`)."""
+        if self.flip_calibrator is not None:  # fitted on this step's flips, used from the next
+            self.flip_calibrator.observe(metrics["stage2/p_flip_raw"], metrics["stage2/flipped"])
         return learn_from_step(self.predictor, result.trees)
 
     # --- state for checkpoints ---
@@ -379,6 +384,8 @@ class TreeSamplesGenerator(SamplesGenerator):
 
         def write(tmp: Path) -> None:
             arrays: dict[str, Any] = dict(self.predictor.state_dict())
+            if self.flip_calibrator is not None:
+                arrays |= self.flip_calibrator.state_dict()
             np.savez(tmp / "predictor.npz", **arrays)
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
@@ -405,6 +412,8 @@ class TreeSamplesGenerator(SamplesGenerator):
                 f"this trace-rl reads {STATE_SCHEMA_VERSION}"
             )
         self.predictor.load_state_dict(predictor_state)
+        if self.flip_calibrator is not None:
+            self.flip_calibrator.load_state_dict(predictor_state)
         self.carry = float(state["carry"])
         self.tokens_per_leaf = float(state["tokens_per_leaf"])
         self.rng.bit_generator.state = state["rng"]

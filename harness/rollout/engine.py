@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -363,6 +363,7 @@ class TreeRolloutEngine:
         tokens_per_leaf: float | None = None,
         max_waves: int = 64,
         execute: Executor | None = None,
+        flip_calibration: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> StepResult:
         """Start the pool, let `trace_alloc.run_step` spend the budget, clear the store.
 
@@ -377,6 +378,7 @@ class TreeRolloutEngine:
             max_waves: Safety bound on the number of waves.
             execute: What runs the waves (default: this engine); a wrapper around it such as
                 `harness.training.distributed.ShardedExecutor`.
+            flip_calibration: Maps Stage 2's raw flip chances to calibrated ones.
 
         Returns:
             The driver's `StepResult`: the trees, the trees to train on, spend and carry.
@@ -393,6 +395,7 @@ class TreeRolloutEngine:
                 carry=carry,
                 tokens_per_leaf=tokens_per_leaf,
                 max_waves=max_waves,
+                flip_calibration=flip_calibration,
             )
         finally:
             self.clear()

@@ -31,6 +31,7 @@ from trace_alloc import (
     ConstantPredictor,
     DynamicSampling,
     EntropyTree,
+    FlipCalibrator,
     HashedNgramFeaturizer,
     MemoryPredictor,
     MLPPredictor,
@@ -291,6 +292,18 @@ class PredictorConfig:
     """memory: weight a past outcome keeps per step (the policy moves)."""
     replay_size: int = 2048
     """memory: root examples replayed into each text-model update."""
+    flip_calibration: float = 20.0
+    """Stage 2's flip chances are Platt-scaled online against the flips that happened
+    (`trace_alloc.FlipCalibrator`), with a prior toward the identity worth this many
+    continuations; 0 turns the calibration off."""
+
+    def build_flip_calibrator(self) -> FlipCalibrator | None:
+        """The online calibration of Stage 2's flip chances, or None when it is off."""
+        if self.flip_calibration < 0:
+            raise ValueError(f"flip_calibration={self.flip_calibration}: must be >= 0")
+        if not self.flip_calibration:
+            return None
+        return FlipCalibrator(prior_strength=self.flip_calibration)
 
     def build(self, *, seed: int) -> MemoryPredictor | MLPPredictor | ConstantPredictor:
         """The predictor `kind` names; the CPU and the OpenRLHF trainers both build it here.

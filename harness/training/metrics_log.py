@@ -194,8 +194,9 @@ def flip_calibration(result: StepResult) -> dict[str, Any]:
     - `stage2/continuations`, `stage2/flips`: the step's continuations and flips;
     - `stage2/settled_share`: share of them placed in trees whose bare rollouts all agreed;
     - `stage2/flip_brier`: mean (p_flip − flipped)² over the scored ones (NaN if none);
-    - `stage2/p_flip`, `stage2/flipped`, `stage2/settled`: one entry per scored continuation
-      (lists: JSONL only), for pooled Brier scores and AUCs across steps and seeds.
+    - `stage2/p_flip`, `stage2/p_flip_raw`, `stage2/flipped`, `stage2/settled`: one entry per
+      scored continuation (lists: JSONL only), for pooled Brier scores and AUCs across steps
+      and seeds, and for the trainers' `FlipCalibrator` (fitted on the raw chances).
 
     >>> from trace_alloc import Rollout, RolloutRequest, RolloutTree, Turn
     >>> from trace_alloc.driver import StepResult, WaveRecord
@@ -213,18 +214,19 @@ def flip_calibration(result: StepResult) -> dict[str, Any]:
     >>> c["stage2/flips"], c["stage2/settled_share"], round(c["stage2/flip_brier"], 2)
     (1, 0.0, 0.36)
     """
-    p_flip = {(w.wave, r.tree_index, r.node_id): r.p_flip for w in result.waves
+    p_flip = {(w.wave, r.tree_index, r.node_id): (r.p_flip, r.p_flip_raw) for w in result.waves
               for r in w.requests if r.p_flip is not None}  # fmt: skip
     n = flips = settled = 0
-    scored: dict[str, list[Any]] = {"p_flip": [], "flipped": [], "settled": []}
+    scored: dict[str, list[Any]] = {"p_flip": [], "p_flip_raw": [], "flipped": [], "settled": []}
     for i, tree in enumerate(result.trees):
         for c in continuations_of(tree):
             n += 1
             flips += c.flipped
             settled += c.settled
-            p = p_flip.get((c.wave, i, c.anchor))
+            p, p_raw = p_flip.get((c.wave, i, c.anchor), (None, None))
             if p is not None:
                 scored["p_flip"].append(round(p, 5))
+                scored["p_flip_raw"].append(round(p if p_raw is None else p_raw, 5))
                 scored["flipped"].append(int(c.flipped))
                 scored["settled"].append(int(c.settled))
     errors = [(p - y) ** 2 for p, y in zip(scored["p_flip"], scored["flipped"], strict=True)]

@@ -85,7 +85,14 @@ from harness.training.openrlhf_compat import openrlhf_losses
 from harness.training.optimizers import DeepSpeedOptimizer, make_optimizer
 from harness.training.run_guard import FailureStreak, check_retriever, failure_cause
 from harness.training.task_sources import Tasks, build_tasks, sample_pool
-from trace_alloc import Allocator, BudgetLimit, Predictor, StepResult, learn_from_step
+from trace_alloc import (
+    Allocator,
+    BudgetLimit,
+    FlipCalibrator,
+    Predictor,
+    StepResult,
+    learn_from_step,
+)
 from trace_alloc.budget import Spend
 
 __all__ = ["DataCursor", "Tasks", "TrainSummary", "build_tasks", "resume", "set_up", "train",
@@ -183,6 +190,8 @@ class Run:
     allocator: Allocator
     budget: BudgetLimit
     predictor: Predictor
+    flip_calibrator: FlipCalibrator | None
+    """Online calibration of Stage 2's flip chances (None when off)."""
     optimizer: Any
     losses: Any
     """OpenRLHF's loss helpers (`harness.training.openrlhf_compat.OpenRLHFLosses`)."""
@@ -377,6 +386,7 @@ def set_up(config: TrainConfig) -> Run:
         allocator=config.alloc.build(),
         budget=BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step),
         predictor=config.predictor.build(seed=config.seed),
+        flip_calibrator=config.predictor.build_flip_calibrator(),
         optimizer=make_optimizer(
             model,
             backend=optim.backend,
@@ -420,6 +430,8 @@ def resume(run: Run) -> Progress:
         return progress
     run.optimizer.load_state_dict(checkpoint.optimizer)
     run.predictor.load_state_dict(checkpoint.predictor)
+    if run.flip_calibrator is not None:
+        run.flip_calibrator.load_state_dict(checkpoint.predictor)
     torch.set_rng_state(checkpoint.torch_rng)
     s = checkpoint.state
     random.setstate(_python_rng_from_json(s["python_rng"]))
@@ -464,6 +476,7 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
         tokens_per_leaf=progress.tokens_per_leaf,
         max_waves=config.budget.max_waves,
         execute=ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None,
+        flip_calibration=run.flip_calibrator,
     )
     rollout_stats = engine.stats
     progress.carry = result.carry
@@ -477,6 +490,8 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
     # 3. predictor: calibration on unseen nodes first (roots and prefixes apart), then
     # learn every node, weighted by its outcomes
     record |= learn_from_step(run.predictor, result.trees)
+    if run.flip_calibrator is not None:  # fitted on this step's flips, used from the next
+        run.flip_calibrator.observe(record["stage2/p_flip_raw"], record["stage2/flipped"])
     check_same_across_ranks(run.predictor.state_dict(), ranks, "predictor")
 
     # 4. advantages on the trees the allocator keeps for training
@@ -586,7 +601,8 @@ def _save(run: Run, progress: Progress) -> None:
             progress.step,
             model=weights,
             optimizer=optimizer_state,
-            predictor=run.predictor.state_dict(),
+            predictor=run.predictor.state_dict()
+            | (run.flip_calibrator.state_dict() if run.flip_calibrator else {}),
             state=state,
             keep=run.config.keep_checkpoints,
         )

@@ -88,6 +88,7 @@ def test_summary_pairs_methods_by_seed_and_pools_stage_two():
     # Brier over (0.5, 1), (0.5, 0), (0.2, 0), (0.2, 0) x 3; the constant is 0.25 (1 - 0.25)
     assert s["flip_brier"] == pytest.approx((0.25 + 0.25 + 0.04 + 0.04) / 4)
     assert s["flip_brier_constant"] == pytest.approx(0.25 * 0.75)
+    assert s["flip_brier_uncalibrated"] == s["flip_brier"]  # no raw chances logged: the same
     assert s["flip_auc_random_placement"] == pytest.approx(1.0)
     # TRACE's mean curve (40 → 30.5 → 61) passes GRPO's final 56 between 200 and 400 tokens
     assert s["tokens_to_grpo_final_ratio"] == pytest.approx((200 + 200 * 25.5 / 30.5) / 400)

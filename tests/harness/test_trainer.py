@@ -496,6 +496,9 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir)
             assert a[key] == b[key], (a["step"], key)
         for key in ("loss/policy", "predictor/brier", "policy/entropy"):
             assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-7), (a["step"], key)
+        # Stage 2's calibrated flip chances: the calibrator's fit came back with the checkpoint
+        assert a["stage2/p_flip"] == pytest.approx(b["stage2/p_flip"], abs=1e-4), a["step"]
+    assert any(r["stage2/p_flip"] for r in reference[2:])  # continuations after the resume
     assert straight.steps == steps
     # a resumed run's movement is the whole run's, not the part after the resume
     moved = json.loads((killed_dir / "summary.json").read_text())["movement"]

@@ -462,10 +462,17 @@ def _bare_forest() -> list:
     return trees
 
 
-def _ask(trace: Trace, trees: list) -> list[RolloutRequest]:
+def _ask(trace: Trace, trees: list, flip_calibration=None) -> list[RolloutRequest]:
     from trace_alloc.base import AllocView
 
-    view = AllocView(trees=trees, wave=1, currency="leaves", remaining=8.0, leaves_left=8)
+    view = AllocView(
+        trees=trees,
+        wave=1,
+        currency="leaves",
+        remaining=8.0,
+        leaves_left=8,
+        flip_calibration=flip_calibration,
+    )
     plan = trace.ask(view, predictor=FixedPredictor(default=0.9), rng=np.random.default_rng(0))
     return list(plan.requests)
 
@@ -501,3 +508,42 @@ def test_random_placement_is_scored_but_not_floored():
     continuations = [r for r in requests if r.node_id != 0]
     assert {r.tree_index for r in continuations} == {0, 1}
     assert all(r.p_flip is not None for r in continuations)
+
+
+def test_a_flip_calibration_maps_the_logged_chances_but_the_floor_reads_the_raw_ones():
+    # raw chances in the mixed tree are 0.58 and 0.42 (above); a calibration that divides by
+    # 3 puts them under the 0.2 floor, yet the same prefixes get continuations: the calibrator
+    # only ever sees prefixes above the floor, so it must not move the floor
+    raw = _ask(Trace(explore_frac=0.0), _bare_forest())
+    scaled = _ask(Trace(explore_frac=0.0), _bare_forest(), flip_calibration=lambda p: p / 3)
+    cont_raw = [r for r in raw if r.node_id != 0]
+    cont = [r for r in scaled if r.node_id != 0]
+    assert {r.tree_index for r in cont} == {1} and sum(r.n for r in cont) == 4
+    assert all(r.p_flip < 0.2 for r in cont)  # logged: calibrated
+    for r in cont:
+        assert r.p_flip == pytest.approx(r.p_flip_raw / 3)
+        assert round(r.p_flip_raw, 6) in {0.58, 0.42}
+    # without a calibration the two agree
+    assert all(r.p_flip == r.p_flip_raw for r in cont_raw)
+
+
+def test_run_step_passes_the_flip_calibration_to_every_stage2_wave():
+    result, _ = step("trace", budget=BudgetLimit(per_step=64), explore_frac=0.0, n_turns=3)
+    calibrated, _ = _step_calibrated(lambda p: np.full_like(p, 0.25))
+    logged = [r for w in calibrated.waves for r in w.requests if r.p_flip is not None]
+    assert logged and all(r.p_flip == 0.25 for r in logged)
+    assert any(r.p_flip_raw != 0.25 for r in logged)
+    assert all(r.p_flip == r.p_flip_raw for w in result.waves for r in w.requests if r.p_flip)
+
+
+def _step_calibrated(calibration):
+    prompts, p = make_pool(40, 0)
+    return run_step(
+        make_allocator("trace", min_flip_prob=0.0, prefix_prior=None, explore_frac=0.0),
+        prompts,
+        execute=MartingaleExecutor(p, seed=0, n_turns=3),
+        budget=BudgetLimit(per_step=64),
+        rng=np.random.default_rng(0),
+        predictor=FixedPredictor({pr.text: p[pr.prompt_id] for pr in prompts}),
+        flip_calibration=calibration,
+    ), None
