@@ -452,7 +452,7 @@ def _run_metrics(
     for r in rows:
         for k in pooled:
             # runs logged before the calibration have no raw list: theirs equals p_flip
-            key = f"stage2/{k}" if k != "p_flip_raw" or k in r else "stage2/p_flip"
+            key = f"stage2/{k}" if k != "p_flip_raw" or f"stage2/{k}" in r else "stage2/p_flip"
             pooled[k] += [float(x) for x in r.get(key, [])]
     norms = [n for n in values("policy/update_norm") if n > 0]
     return {
