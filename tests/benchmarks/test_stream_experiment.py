@@ -13,7 +13,9 @@ from benchmarks.research.stream_experiment import (
 )
 
 CONFIG = StreamExperimentConfig(steps=4, eval_at=(2, 4), seeds=(0, 1, 2), few_seeds=(0, 1),
-                                leaf_seeds=(0, 1), probe_seeds=(0,))  # fmt: skip
+                                leaf_seeds=(0, 1), probe_seeds=(0,),
+                                arms=("trace", "grpo", "trace_n0", "dapo", "trace_blind"),
+                                few_seed_arms=("dapo", "trace_blind"))  # fmt: skip
 
 
 def _record(arm, seed, em, *, series="tokens", phase="main", lr=1.0, validation=None,
