@@ -90,10 +90,9 @@ run: $(STAMP)
 
 # What CI runs (.ci/run): lint and format, types, then the tests and every package's doctests
 # (docs/style.md §4), slow ones included. The first failure stops it. The 25 slowest are printed.
-# `make test PYTEST_PARALLEL="-n logical --dist loadgroup"` runs them on every core (pytest-xdist;
-# tests/xdist_groups.py keeps tests that share a costly fixture in one worker); not the default
-# yet: the Ray group's hang test failed under xdist on the loaded box.
-PYTEST_PARALLEL ?=
+# The tests run on every core (pytest-xdist; tests/xdist_groups.py keeps tests that share a costly
+# fixture, such as the local Ray, in one worker); `make test PYTEST_PARALLEL=` runs them serially.
+PYTEST_PARALLEL ?= -n logical --dist loadgroup
 test: lint types
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=25
 

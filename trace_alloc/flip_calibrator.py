@@ -11,9 +11,8 @@ prediction made before its outcome was seen (prequential, like the predictor's o
 
 A Gaussian prior pulls (a, b) toward the identity (1, 0) with the weight of `prior_strength`
 continuations: with no data the calibrator changes nothing, and a handful of flips moves it
-little. The flip floor does not read the calibrated chance (docs/decisions.md, "Stage 2's flip
-prediction"): the calibrator only ever sees prefixes above the floor, so below it, it would
-extrapolate.
+little. The flip floor does not read the calibrated chance (docs/decisions.md, "Stage 2"): the
+calibrator only ever sees prefixes above the floor, so below it, it would extrapolate.
 """
 
 from __future__ import annotations

@@ -102,10 +102,10 @@ class StreamExperimentConfig:
     """Token-series arms evaluated along the way (the tokens TRACE needs to reach GRPO)."""
     curve_samples: int = 1
     """Samples per test question at the evaluations before the last (the curve's points)."""
-    arms: tuple[str, ...] = ("trace", "grpo", "trace_n0", "dapo", "trace_blind")
+    arms: tuple[str, ...] = ("trace", "grpo", "trace_n0", "dapo")
     """Arms of the token series, each on every seed of `seeds` unless in `few_seed_arms`."""
-    seeds: tuple[int, ...] = (0, 1, 2, 3)
-    few_seed_arms: tuple[str, ...] = ("dapo", "trace_blind")
+    seeds: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6, 7)
+    few_seed_arms: tuple[str, ...] = ("dapo", "trace_n0")
     few_seeds: tuple[int, ...] = (0, 1, 2)
     leaf_arms: tuple[str, ...] = ("trace", "grpo")
     """Arms of the leaf series (the secondary currency)."""
@@ -116,9 +116,9 @@ class StreamExperimentConfig:
     probe_seeds: tuple[int, ...] = (0,)
     lr: float = 3e-4
     """The demo's learning rate; the scan multiplies it."""
-    lr_multipliers: tuple[float, ...] = (0.5, 1.0, 2.0)
+    lr_multipliers: tuple[float, ...] = (0.5, 1.0)
     lr_methods: tuple[str, ...] = ("grpo", "trace")
-    lr_seeds: tuple[int, ...] = (0,)
+    lr_seeds: tuple[int, ...] = (0, 1, 2)
     leaves_per_step: int = 48
     """The demo's budget; the token series spends its cost in the start policy's tokens."""
     pool_size: int = 12
@@ -126,7 +126,7 @@ class StreamExperimentConfig:
     test_questions: int = 600
     test_samples: int = 2
     validation_world_seeds: tuple[int, ...] = (7000, 7001)
-    validation_questions: int = 200
+    validation_questions: int = 400
     validation_samples: int = 1
     fact_disjoint_samples: int = 1
     decoy_questions: int = 100
@@ -452,7 +452,7 @@ def _run_metrics(
     for r in rows:
         for k in pooled:
             # runs logged before the calibration have no raw list: theirs equals p_flip
-            key = f"stage2/{k}" if k != "p_flip_raw" or k in r else "stage2/p_flip"
+            key = f"stage2/{k}" if k != "p_flip_raw" or f"stage2/{k}" in r else "stage2/p_flip"
             pooled[k] += [float(x) for x in r.get(key, [])]
     norms = [n for n in values("policy/update_norm") if n > 0]
     return {

