@@ -42,15 +42,19 @@ OUTPUT = re.compile(r"^(?:runs/|OUT/|run_dir/)|^report\.md$|NAME")
 FOREIGN = re.compile(r"\bDESIGN(?:\.md)? ?§|\.\./shared\b")
 
 
-def _tracked_files() -> list[Path]:
-    out = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+def _git_files(*patterns: str) -> list[str]:
+    """The repository's files (tracked, or new and not ignored), as paths relative to ROOT."""
+    return subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", *patterns],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
-    paths = [ROOT / p for p in out]
+
+
+def _tracked_files() -> list[Path]:
+    paths = [ROOT / p for p in _git_files()]
     return [
         p
         for p in paths
@@ -90,10 +94,14 @@ def reference_problems(
     titles: list[str],
     sections: dict[str, set[str]],
     results: list[str],
+    md_names: set[str],
 ) -> list[str]:
-    """Every unresolvable reference in one file's text, as `file:line: what`."""
+    """Every unresolvable reference in one file's text, as `file:line: what`.
+
+    `md_names` are the names of the repository's Markdown files (a bare `decisions.md` in prose
+    resolves against them).
+    """
     rel = path.relative_to(root).as_posix()
-    md_names = {p.name for p in root.rglob("*.md") if ".git" not in p.parts}
     problems: list[str] = []
 
     def where(offset: int) -> str:
@@ -157,6 +165,8 @@ def context() -> dict:
             "design": _sections(ROOT / "docs" / "design.md"),
             "style": _sections(ROOT / "docs" / "style.md"),
         },
+        # once, from git: walking the tree for every file (the venv included) took minutes
+        "md_names": {Path(p).name for p in _git_files("*.md")},
     }
 
 
