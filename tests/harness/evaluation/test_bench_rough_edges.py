@@ -96,7 +96,7 @@ def test_help_shows_each_default_once_and_imports_no_torch() -> None:
 
 def test_the_readme_env_example_searches_for_its_own_question() -> None:
     readme = (ROOT / "README.md").read_text()
-    section = readme.split("## The environment API", 1)[1]
+    section = readme.split("## Journey 2: fork an environment for tree search", 1)[1]
     code = section.split("```python", 1)[1].split("```", 1)[0]
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
