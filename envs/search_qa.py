@@ -64,13 +64,14 @@ from envs.snapshot import (
 from envs.spaces import EnvText
 from envs.tasks import QATask, TaskSet
 from envs.tools import (
-    SearchTool,
     Tool,
     ToolCall,
     ToolContext,
     ToolResult,
     call_as_text,
     check_tools,
+    load_tool,
+    tool_spec,
 )
 from retrieval.base import Hit, Retriever
 from retrieval.deadline import deadline
@@ -136,8 +137,8 @@ class SearchQAConfig:
             (cached queries replay from the snapshot, new ones use this env's index) or
             "error" (`SnapshotMismatchError`: the snapshot belongs to another corpus, e.g.
             another generated world). A restore policy, not dynamics: snapshots omit it.
-        tools: the actions besides the answer (`envs.tools`): search alone by default. Tools
-            other than search add a line each to the prompt; snapshots name them.
+        tools: the tools next to search, as `MODULE:CLASS` specs (`envs.tools.load_tool`;
+            `--tool`); an env built with `Tool` objects records their classes' specs here.
     """
 
     max_turns: int = 4
@@ -149,7 +150,7 @@ class SearchQAConfig:
     protocol: Protocol = "trace-rl"
     retrieval_deadline_s: float | None = 10.0  # a hung server costs a step 10 s, not 120 s
     on_other_index: Literal["warn", "error"] = "warn"
-    tools: tuple[Tool, ...] = (SearchTool(),)
+    tools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_turns < 2:
@@ -172,7 +173,8 @@ class SearchQAConfig:
             raise EnvConfigError(f"protocol={self.protocol!r}: choose one of {PROTOCOLS}")
         if self.on_other_index not in ("warn", "error"):
             raise EnvConfigError(f"on_other_index={self.on_other_index!r}: choose warn or error")
-        object.__setattr__(self, "tools", check_tools(self.tools, self.protocol))
+        object.__setattr__(self, "tools", tuple(self.tools))  # a list from JSON or a caller
+        check_tools([load_tool(spec) for spec in self.tools], self.protocol)
         if self.protocol == "search-r1":
             return  # documents are never cut, so no size bound applies (see envs.protocol)
         longest = self.top_k * (self.max_doc_chars + _DOC_OVERHEAD) + _INFO_OVERHEAD
@@ -186,7 +188,7 @@ class SearchQAConfig:
     def make_env(
         self, tasks: TaskSet | Sequence[QATask], retriever: Retriever, **overrides: Any
     ) -> SearchQAEnv:
-        """A `SearchQAEnv` with these settings (`overrides`: fields to change for this env).
+        """A `SearchQAEnv` with these settings (`overrides`: fields to change, or `tools`).
 
         >>> from retrieval.base import Document
         >>> from retrieval.bm25 import BM25Retriever
@@ -202,11 +204,6 @@ class SearchQAConfig:
     def max_doc_chars_limit(top_k: int) -> int:
         """The largest `max_doc_chars` whose observations fit the text space at this top_k."""
         return (MAX_TEXT_CHARS - _INFO_OVERHEAD) // top_k - _DOC_OVERHEAD
-
-    @property
-    def tool_names(self) -> tuple[str, ...]:
-        """The tools' names (their text tags), in order."""
-        return tuple(tool.name for tool in self.tools)
 
     @property
     def prompt_sha256(self) -> str:
@@ -270,7 +267,8 @@ class SearchQAEnv(gym.Env[str, str]):
             overall bound); `SearchQAConfig.retrieval_deadline_s`.
         on_other_index: "warn" or "error" on restoring a snapshot taken on another index
             (`SearchQAConfig.on_other_index`).
-        tools: the actions besides the answer (`SearchQAConfig.tools`); None: search alone.
+        tools: the tools next to search (`envs.Tool` objects, or `MODULE:CLASS` specs); search
+            is always the first. Each adds a line to the prompt; snapshots name them.
 
     Raises:
         EnvConfigError: an argument is out of range, or `tasks` is empty.
@@ -315,12 +313,14 @@ class SearchQAEnv(gym.Env[str, str]):
         protocol: Protocol = "trace-rl",
         retrieval_deadline_s: float | None = 10.0,
         on_other_index: Literal["warn", "error"] = "warn",
-        tools: Sequence[Tool] | None = None,
+        tools: Sequence[Tool | str] = (),
     ) -> None:
         if not isinstance(tasks, TaskSet):
             tasks = TaskSet(tasks)
         if len(tasks) == 0:
             raise EnvConfigError("the task set is empty: an env needs at least one task")
+        extra = [load_tool(t) if isinstance(t, str) else t for t in tools]
+        checked = check_tools(extra, protocol)
         config = SearchQAConfig(
             max_turns=max_turns,
             top_k=top_k,
@@ -335,7 +335,7 @@ class SearchQAEnv(gym.Env[str, str]):
             protocol=protocol,
             retrieval_deadline_s=retrieval_deadline_s,
             on_other_index=on_other_index,
-            tools=(SearchTool(),) if tools is None else tuple(tools),
+            tools=tuple(tool_spec(tool) for tool in checked[1:]),
         )
         # Text builds a per-character index (costly per env); forks copy this template instead.
         template = EnvText(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
@@ -344,7 +344,7 @@ class SearchQAEnv(gym.Env[str, str]):
             tasks=tasks,
             retriever=retriever,
             space_template=template,
-            tools={tool.name: tool for tool in config.tools},
+            tools={tool.name: tool for tool in checked},
         )
         self._episode: _Episode | None = None
         self._space: Text | None = None
@@ -366,6 +366,16 @@ class SearchQAEnv(gym.Env[str, str]):
     def retriever(self) -> Retriever:
         """The retriever (shared with every fork)."""
         return self._shared.retriever
+
+    @property
+    def tools(self) -> tuple[Tool, ...]:
+        """The tools (shared with every fork), in order."""
+        return tuple(self._shared.tools.values())
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        """The tools' names (their text tags), in order."""
+        return tuple(self._shared.tools)
 
     @property
     def task(self) -> QATask | None:
@@ -483,7 +493,7 @@ class SearchQAEnv(gym.Env[str, str]):
         else:
             task = tasks[int(self.np_random.integers(len(tasks)))]
         config = self._shared.config
-        prompt = _tools_preamble(config) + format_prompt(
+        prompt = _tools_preamble(self._shared.tools) + format_prompt(
             config.prompt_template, task.question, exact=config.protocol == "search-r1"
         )
         if len(prompt) > MAX_TEXT_CHARS:
@@ -560,7 +570,7 @@ class SearchQAEnv(gym.Env[str, str]):
         elif parsed.kind == "invalid":
             turn = _Turn("invalid", parsed.reason, (), "", ep.last)
             reason = None if exact else parsed.reason
-            observation = invalid_action_message(reason, config.tool_names)
+            observation = invalid_action_message(reason, tuple(self._shared.tools))
             n_invalid += 1
         else:
             tool = self._shared.tools[parsed.kind]
@@ -701,7 +711,7 @@ class SearchQAEnv(gym.Env[str, str]):
             max_doc_chars=config.max_doc_chars,
             prompt_sha256=config.prompt_sha256,
             protocol=config.protocol,
-            tools=config.tool_names,
+            tools=self.tool_names,
             task_id=None if ep is None else ep.task.task_id,
             task_sha256=None
             if ep is None
@@ -744,7 +754,7 @@ class SearchQAEnv(gym.Env[str, str]):
             "max_doc_chars": config.max_doc_chars,
             "prompt_sha256": config.prompt_sha256,
             "protocol": config.protocol,
-            "tools": config.tool_names,
+            "tools": self.tool_names,
         }
         for name, value in expected.items():
             if getattr(snap, name) != value:
@@ -873,7 +883,7 @@ def _parse(config: SearchQAConfig, action: str, tools: Mapping[str, Tool]) -> Pa
     if config.protocol == "search-r1":
         parsed = parse_action_search_r1(action)
     else:
-        parsed = parse_action(action, config.tool_names)
+        parsed = parse_action(action, tuple(tools))
     tool = tools.get(parsed.kind)
     if tool is None:
         return parsed
@@ -884,9 +894,9 @@ def _parse(config: SearchQAConfig, action: str, tools: Mapping[str, Tool]) -> Pa
     return ParsedAction(parsed.kind, content, "", parsed.end, tool.key(content))
 
 
-def _tools_preamble(config: SearchQAConfig) -> str:
+def _tools_preamble(tools: Mapping[str, Tool]) -> str:
     """The prompt's lines on tools other than search ("" for search alone: Search-R1's)."""
-    others = [tool.prompt_line() for tool in config.tools if tool.name != "search"]
+    others = [tool.prompt_line() for name, tool in tools.items() if name != "search"]
     if not others:
         return ""
     return "Besides searching, you can use these tools:\n" + "\n".join(others) + "\n"

@@ -2,8 +2,9 @@
 
 A `Tool` has a name (also its text tag: `<calc> 2 + 3 </calc>`), an OpenAI function schema (for
 models that call tools natively), an argument parser, an executor, an observation format and a
-cost in the budget's tool-call currency. An env takes a tuple of them (`SearchQAEnv(...,
-tools=(SearchTool(), CalculatorTool()))`; search alone by default) and keeps every call's result
+cost in the budget's tool-call currency. An env has search and the tools it is given next to
+it (`SearchQAEnv(..., tools=[CalculatorTool()])`, or by spec in its config:
+`SearchQAConfig(tools=("envs.tools:CalculatorTool",))`, `--tool`), and keeps every call's result
 in its history, so a fork, a snapshot and a restore replay a call exactly: a repeated call (same
 tool, same key) is answered from the history, never run again.
 
@@ -52,6 +53,7 @@ __all__ = [
     "call_as_text",
     "check_tools",
     "load_tool",
+    "tool_spec",
 ]
 
 ANSWER = "answer"
@@ -312,16 +314,14 @@ def _evaluate(node: ast.expr) -> int | float:
     return value
 
 
-def check_tools(tools: Sequence[Tool], protocol: Protocol) -> tuple[Tool, ...]:
-    """An env's tools, checked: `Tool`s with unique, valid names; only search under search-r1.
+def check_tools(extra: Sequence[Tool], protocol: Protocol) -> tuple[Tool, ...]:
+    """An env's tools: search, then `extra`, checked (valid, unique names; none under search-r1).
 
     Raises:
-        EnvConfigError: a tool is not a `Tool`, has a bad or repeated name or a negative cost,
-            or the protocol is search-r1 and a tool is not search.
+        EnvConfigError: a tool is not a `Tool`, has a bad or repeated name (search's
+            included) or a negative cost, or the protocol is search-r1 and there is one.
     """
-    tools = tuple(tools)
-    if not tools:
-        raise EnvConfigError("tools=(): an env needs at least one tool (SearchTool())")
+    tools = (SearchTool(), *extra)
     names: list[str] = []
     for tool in tools:
         if not isinstance(tool, Tool):
@@ -384,8 +384,17 @@ def call_as_text(call: Any, tools: Mapping[str, Tool]) -> tuple[str, str]:
     return f"<{name}>{value}</{name}>", ""
 
 
+def tool_spec(tool: Tool) -> str:
+    """The `MODULE:CLASS` spec that `load_tool` builds this tool's class from.
+
+    >>> tool_spec(CalculatorTool())
+    'envs.tools:CalculatorTool'
+    """
+    return f"{type(tool).__module__}:{type(tool).__qualname__}"
+
+
 def load_tool(spec: str) -> Tool:
-    """The tool named by `MODULE:CLASS` (`--tool`), built with no arguments.
+    """The tool named by `MODULE:CLASS` (`--tool`, `SearchQAConfig.tools`), built bare.
 
     >>> load_tool("envs.tools:CalculatorTool").name
     'calc'
@@ -397,16 +406,16 @@ def load_tool(spec: str) -> Tool:
     module_name, sep, class_name = spec.partition(":")
     if not sep or not module_name or not class_name:
         raise EnvConfigError(
-            f"--tool {spec!r}: expected MODULE:CLASS, e.g. envs.tools:CalculatorTool"
+            f"tool {spec!r}: expected MODULE:CLASS, e.g. envs.tools:CalculatorTool"
         )
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:
-        raise EnvConfigError(f"--tool {spec}: cannot import {module_name} ({err})") from None
+        raise EnvConfigError(f"tool {spec}: cannot import {module_name} ({err})") from None
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type) or not issubclass(cls, Tool):
-        raise EnvConfigError(f"--tool {spec}: {module_name} has no Tool subclass {class_name}")
+        raise EnvConfigError(f"tool {spec}: {module_name} has no Tool subclass {class_name}")
     try:
         return cls()
     except TypeError as err:
-        raise EnvConfigError(f"--tool {spec}: {class_name}() fails ({err})") from None
+        raise EnvConfigError(f"tool {spec}: {class_name}() fails ({err})") from None

@@ -47,7 +47,7 @@ from envs.qa_datasets import (
 from envs.rewards import RewardKind
 from envs.synthetic.config import WorldConfig
 from envs.tasks import TaskSet
-from envs.tools import SearchTool, Tool, load_tool
+from envs.tools import SearchTool, Tool
 from harness.errors import EndpointError, EndpointRejected, HarnessError
 from harness.evaluation.agents import (
     Agent,
@@ -473,14 +473,6 @@ class BenchConfig(AgentArgs, DataArgs):
         """`--protocol`, or trace-rl."""
         return self.protocol or "trace-rl"
 
-    def env_tools(self) -> tuple[Tool, ...]:
-        """Search, then each `--tool`.
-
-        Raises:
-            EnvConfigError: a `--tool` that does not name a `Tool` class.
-        """
-        return (SearchTool(), *(load_tool(spec) for spec in self.tool))
-
     @property
     def env_top_k(self) -> int:
         """`--top-k`, or 3."""
@@ -763,7 +755,7 @@ def _meta(
             "max_doc_chars": None if env.protocol == "search-r1" else env.max_doc_chars,
             "protocol": env.protocol,
             "agent_protocol": config.agent_protocol,
-            "tools": list(env.tool_names),
+            "tools": list(env.tools),  # the --tool specs (search is always there)
             "prompt_sha256": env.prompt_sha256,
         },
         "seed": config.seed,
@@ -1055,13 +1047,14 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
         "top_k": config.env_top_k,
         "reward": config.reward,
         "protocol": config.env_protocol,
-        "tools": config.env_tools(),
+        "tools": config.tool,
     }
     if config.prompt_template is not None:
         env_kwargs["prompt_template"] = config.prompt_template
     if config.max_doc_chars is not None:
         env_kwargs["max_doc_chars"] = config.max_doc_chars
-    env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
+    probe = SearchQAEnv(tasks, retriever, **env_kwargs)  # validates the settings and tools
+    env_config = probe.config
     meta = _meta(config, command, data, retriever_meta, env_config)
     meta["created_at"] = state.created_at
     agents = [
@@ -1071,7 +1064,7 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
             data,
             seed=config.seed,
             protocol=config.agent_protocol,
-            tools=env_kwargs["tools"],
+            tools=probe.tools,
         )
         for kind in dict.fromkeys(config.agent)
     ]

@@ -8,7 +8,15 @@ from typing import ClassVar
 import pytest
 from env_fakes import DOCS, TASKS, FakeRetriever
 
-from envs import BudgetMeter, SearchQAEnv, SnapshotError, Tool, ToolCall, snapshot_from_json
+from envs import (
+    BudgetMeter,
+    SearchQAConfig,
+    SearchQAEnv,
+    SnapshotError,
+    Tool,
+    ToolCall,
+    snapshot_from_json,
+)
 from envs.errors import EnvConfigError, ToolArgumentError
 from envs.tools import CalculatorTool, SearchTool, ToolContext, ToolResult, calculate, load_tool
 
@@ -28,9 +36,7 @@ class CountingEcho(Tool):
 
 
 def _env(*tools: Tool, max_turns: int = 6) -> SearchQAEnv:
-    env = SearchQAEnv(
-        TASKS, FakeRetriever(DOCS), max_turns=max_turns, top_k=2, tools=(SearchTool(), *tools)
-    )
+    env = SearchQAEnv(TASKS, FakeRetriever(DOCS), max_turns=max_turns, top_k=2, tools=tools)
     env.reset(seed=0, options={"task_id": "q1"})
     return env
 
@@ -139,7 +145,7 @@ def test_snapshots_keep_tool_results_and_name_the_tools() -> None:
     assert [t.get("output") for t in record["turns"]] == ["42", "HI"]
     restored = SearchQAEnv(
         TASKS, FakeRetriever(DOCS), max_turns=6, top_k=2,
-        tools=(SearchTool(), CountingEcho(), CalculatorTool()),
+        tools=(CountingEcho(), CalculatorTool()),
     )  # fmt: skip
     restored.restore(snapshot_from_json(text))  # type: ignore[arg-type]
     branch = env.fork()[0]
@@ -171,7 +177,7 @@ def test_a_forged_tool_output_on_an_answer_is_refused() -> None:
 
 def test_the_prompt_names_the_other_tools_and_budget_meter_counts_their_cost() -> None:
     env = BudgetMeter(
-        SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=(SearchTool(), CountingEcho())),
+        SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=(CountingEcho(),)),
         max_tool_calls=3,
     )
     prompt, _ = env.reset(seed=0, options={"task_id": "q1"})
@@ -183,13 +189,24 @@ def test_the_prompt_names_the_other_tools_and_budget_meter_counts_their_cost() -
 
 def test_tool_sets_are_checked() -> None:
     with pytest.raises(EnvConfigError, match="search-r1"):
-        SearchQAEnv(
-            TASKS, FakeRetriever(DOCS), protocol="search-r1", tools=(SearchTool(), CalculatorTool())
-        )
+        SearchQAEnv(TASKS, FakeRetriever(DOCS), protocol="search-r1", tools=(CalculatorTool(),))
     with pytest.raises(EnvConfigError, match="two tools are named 'calc'"):
         SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=(CalculatorTool(), CalculatorTool()))
+    with pytest.raises(EnvConfigError, match="two tools are named 'search'"):
+        SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=(SearchTool(),))
     with pytest.raises(EnvConfigError, match=r"not an envs\.Tool"):
-        SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=("calc",))  # type: ignore[arg-type]
+        SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=(3,))  # type: ignore[arg-type]
+
+
+def test_the_config_names_tools_by_spec_and_builds_them() -> None:
+    config = SearchQAConfig(tools=["envs.tools:CalculatorTool"])  # type: ignore[arg-type]
+    assert config.tools == ("envs.tools:CalculatorTool",)
+    env = config.make_env(TASKS, FakeRetriever(DOCS))
+    assert env.tool_names == ("search", "calc")
+    by_object = SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=[CalculatorTool()])
+    assert by_object.config == env.config
+    with pytest.raises(EnvConfigError, match="cannot import"):
+        SearchQAConfig(tools=("no_such_module_x:Calc",))
 
 
 def test_function_schema_and_load_tool() -> None:

@@ -201,7 +201,8 @@ def test_local_agents_refuse_the_endpoint_protocols(tmp_path: Path, caplog) -> N
 
 
 def test_parse_react_takes_the_first_action_and_its_bracket() -> None:
-    assert parse_react("Thought: hm.\nAction 1: Finish[Paris] Search[x]").name == "answer"
+    first = parse_react("Thought: hm.\nAction 1: Finish[Paris] Search[x]")
+    assert first is not None and first.name == "answer"
     call = parse_react("Action 1: Search[ Acme [founder ]\n")
     assert call is not None and call.arguments == {"query": "Acme [founder"}
     assert parse_react("Action 1: Search[unclosed") is None
@@ -232,3 +233,15 @@ def test_a_react_episode_without_an_action_is_invalid_then_answers() -> None:
     assert [t.kind for t in episode.turns] == ["invalid", "answer"] and episode.em == 1.0
     assert "Observation 1: Invalid action." in seen[1]
     assert seen[1].endswith("\nThought 2:")
+
+
+def test_a_tool_flag_offers_the_tool_next_to_search(
+    server: tuple[str, ScriptedServer], files: tuple[Path, Path], tmp_path: Path
+) -> None:
+    url, stub = server
+    calc = "envs.tools:CalculatorTool"
+    report = _bench(url, files, tmp_path / "calc", "--protocol", "tools", "--tool", calc)
+    assert [t["function"]["name"] for t in stub.requests[0]["tools"]] == ["search", "calc"]
+    assert report["meta"]["agent"]["tools"] == ["search", "calc"]
+    run = json.loads((tmp_path / "calc" / "report.json").read_text())["meta"]
+    assert run["env"]["tools"] == [calc] and "--tool envs.tools:CalculatorTool" in run["command"]
