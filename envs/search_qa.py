@@ -69,6 +69,7 @@ from envs.tools import (
     ToolContext,
     ToolResult,
     call_as_text,
+    check_spec,
     check_tools,
     load_tool,
     tool_spec,
@@ -137,8 +138,9 @@ class SearchQAConfig:
             (cached queries replay from the snapshot, new ones use this env's index) or
             "error" (`SnapshotMismatchError`: the snapshot belongs to another corpus, e.g.
             another generated world). A restore policy, not dynamics: snapshots omit it.
-        tools: the tools next to search, as `MODULE:CLASS` specs (`envs.tools.load_tool`;
-            `--tool`); an env built with `Tool` objects records their classes' specs here.
+        tools: the tools next to search, as `MODULE:CLASS` specs (`--tool`), loaded by
+            `make_env` (`envs.tools.load_tool`: importable classes that build with no
+            arguments); an env built with `Tool` objects records their classes' specs here.
     """
 
     max_turns: int = 4
@@ -174,7 +176,13 @@ class SearchQAConfig:
         if self.on_other_index not in ("warn", "error"):
             raise EnvConfigError(f"on_other_index={self.on_other_index!r}: choose warn or error")
         object.__setattr__(self, "tools", tuple(self.tools))  # a list from JSON or a caller
-        check_tools([load_tool(spec) for spec in self.tools], self.protocol)
+        for spec in self.tools:  # loaded by make_env: an env built from objects has them
+            check_spec(spec)
+        if self.tools and self.protocol == "search-r1":
+            raise EnvConfigError(
+                f"tools={self.tools}: the search-r1 protocol reproduces Search-R1, which has "
+                "only search; use the trace-rl protocol for other tools"
+            )
         if self.protocol == "search-r1":
             return  # documents are never cut, so no size bound applies (see envs.protocol)
         longest = self.top_k * (self.max_doc_chars + _DOC_OVERHEAD) + _INFO_OVERHEAD
@@ -320,7 +328,7 @@ class SearchQAEnv(gym.Env[str, str]):
         if len(tasks) == 0:
             raise EnvConfigError("the task set is empty: an env needs at least one task")
         extra = [load_tool(t) if isinstance(t, str) else t for t in tools]
-        checked = check_tools(extra, protocol)
+        checked = check_tools(extra)
         config = SearchQAConfig(
             max_turns=max_turns,
             top_k=top_k,

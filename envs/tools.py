@@ -51,6 +51,7 @@ __all__ = [
     "ToolResult",
     "calculate",
     "call_as_text",
+    "check_spec",
     "check_tools",
     "load_tool",
     "tool_spec",
@@ -314,12 +315,12 @@ def _evaluate(node: ast.expr) -> int | float:
     return value
 
 
-def check_tools(extra: Sequence[Tool], protocol: Protocol) -> tuple[Tool, ...]:
-    """An env's tools: search, then `extra`, checked (valid, unique names; none under search-r1).
+def check_tools(extra: Sequence[Tool]) -> tuple[Tool, ...]:
+    """An env's tools: search, then `extra`, checked (`Tool`s, valid and unique names).
 
     Raises:
         EnvConfigError: a tool is not a `Tool`, has a bad or repeated name (search's
-            included) or a negative cost, or the protocol is search-r1 and there is one.
+            included) or a negative cost.
     """
     tools = (SearchTool(), *extra)
     names: list[str] = []
@@ -338,11 +339,6 @@ def check_tools(extra: Sequence[Tool], protocol: Protocol) -> tuple[Tool, ...]:
         if not isinstance(tool.cost, int) or tool.cost < 0:
             raise EnvConfigError(f"tool {name!r} has cost {tool.cost!r}: an integer >= 0")
         names.append(name)
-    if protocol == "search-r1" and names != ["search"]:
-        raise EnvConfigError(
-            f"tools {names}: the search-r1 protocol reproduces Search-R1, which has only "
-            "search; use the trace-rl protocol for other tools"
-        )
     return tools
 
 
@@ -393,6 +389,20 @@ def tool_spec(tool: Tool) -> str:
     return f"{type(tool).__module__}:{type(tool).__qualname__}"
 
 
+def check_spec(spec: str) -> tuple[str, str, str]:
+    """`spec` split as `MODULE`, ":", `CLASS`.
+
+    Raises:
+        EnvConfigError: `spec` is not a `MODULE:CLASS` string.
+    """
+    module_name, sep, class_name = spec.partition(":") if isinstance(spec, str) else ("", "", "")
+    if not sep or not module_name or not class_name:
+        raise EnvConfigError(
+            f"tool {spec!r:.80}: expected MODULE:CLASS, e.g. envs.tools:CalculatorTool"
+        )
+    return module_name, sep, class_name
+
+
 def load_tool(spec: str) -> Tool:
     """The tool named by `MODULE:CLASS` (`--tool`, `SearchQAConfig.tools`), built bare.
 
@@ -403,11 +413,7 @@ def load_tool(spec: str) -> Tool:
         EnvConfigError: `spec` is not `MODULE:CLASS`, the module or class cannot be found, or
             the class is not a `Tool` that builds with no arguments.
     """
-    module_name, sep, class_name = spec.partition(":")
-    if not sep or not module_name or not class_name:
-        raise EnvConfigError(
-            f"tool {spec!r}: expected MODULE:CLASS, e.g. envs.tools:CalculatorTool"
-        )
+    module_name, _, class_name = check_spec(spec)
     try:
         module = importlib.import_module(module_name)
     except ImportError as err:

@@ -205,8 +205,26 @@ def test_the_config_names_tools_by_spec_and_builds_them() -> None:
     assert env.tool_names == ("search", "calc")
     by_object = SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=[CalculatorTool()])
     assert by_object.config == env.config
+    with pytest.raises(EnvConfigError, match="expected MODULE:CLASS"):
+        SearchQAConfig(tools=("calc",))
     with pytest.raises(EnvConfigError, match="cannot import"):
-        SearchQAConfig(tools=("no_such_module_x:Calc",))
+        SearchQAConfig(tools=("no_such_module_x:Calc",)).make_env(TASKS, FakeRetriever(DOCS))
+
+
+def test_a_tool_that_takes_arguments_works_from_python() -> None:
+    def make() -> Tool:
+        class Scaled(CalculatorTool):  # a local class needing an argument: no spec rebuilds it
+            def __init__(self, factor: int) -> None:
+                self.factor = factor
+
+            def run(self, key: str, context: ToolContext) -> ToolResult:
+                return ToolResult(output=calculate(f"({key}) * {self.factor}"))
+
+        return Scaled(10)
+
+    env = SearchQAEnv(TASKS, FakeRetriever(DOCS), tools=[make()])
+    env.reset(seed=0)
+    assert env.step("<calc> 4 + 2 </calc>")[0] == "\n<result>60</result>\n"
 
 
 def test_function_schema_and_load_tool() -> None:
