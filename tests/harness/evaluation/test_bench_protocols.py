@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from envs import QATask, SearchQAEnv, TaskSet
 from harness.evaluation.bench import bench
 from harness.evaluation.evaluation import evaluate
-from harness.evaluation.tool_agents import ReActAgent, parse_react, react_prompt
+from harness.evaluation.tool_agents import ReActAgent, ToolCallAgent, parse_react, react_prompt
 from harness.policies.base import SamplingParams
 from harness.policies.openai_compat import EndpointConfig, OpenAICompatClient
 from retrieval.base import Document
@@ -245,3 +245,30 @@ def test_a_tool_flag_offers_the_tool_next_to_search(
     assert report["meta"]["agent"]["tools"] == ["search", "calc"]
     run = json.loads((tmp_path / "calc" / "report.json").read_text())["meta"]
     assert run["env"]["tools"] == [calc] and "--tool envs.tools:CalculatorTool" in run["command"]
+
+
+def test_tool_calls_are_parsed_and_a_malformed_list_ends_only_its_episode() -> None:
+    def reply(request: httpx.Request) -> httpx.Response:
+        messages = json.loads(request.content)["messages"]
+        if "Bolt" in messages[1]["content"]:  # tool_calls that are not a list
+            message: dict[str, Any] = {"role": "assistant", "tool_calls": "search please"}
+        elif any(m["role"] == "tool" for m in messages):
+            message = {"role": "assistant", "content": "<think>Easy.</think> Ann Vole"}
+        else:  # arguments as an object, not JSON text, and no id: both are accepted
+            call = {
+                "type": "function",
+                "function": {"name": "search", "arguments": {"query": "Acme"}},
+            }
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+        choice = {"index": 0, "finish_reason": "tool_calls", "message": message}
+        return httpx.Response(200, json={"choices": [choice]})
+
+    config = EndpointConfig(base_url="http://stub/v1", model="m", max_retries=0, backoff_s=0.0)
+    client = OpenAICompatClient(config, transport=httpx.MockTransport(reply))
+    agent = ToolCallAgent("tools", client, SamplingParams(temperature=0.0))
+    retriever = BM25Retriever.build(DOCS)
+    report = evaluate(agent, lambda: SearchQAEnv(TASKS, retriever), TASKS[:2], batch_size=2)
+    acme, bolt = report.episodes
+    assert acme.em == 1.0 and acme.answer == "Ann Vole"  # the <think> block is dropped
+    assert acme.turns[0].action == 'search({"query": "Acme"})'
+    assert bolt.end == "error" and bolt.turns == ()
