@@ -18,6 +18,7 @@ from envs import (
     snapshot_from_json,
 )
 from envs.errors import EnvConfigError, ToolArgumentError
+from envs.protocol import invalid_action_message, parse_action
 from envs.tools import CalculatorTool, SearchTool, ToolContext, ToolResult, calculate, load_tool
 
 
@@ -239,3 +240,18 @@ def test_function_schema_and_load_tool() -> None:
     ]:
         with pytest.raises(EnvConfigError, match=why):
             load_tool(spec)
+
+
+def test_the_text_parser_reads_every_tools_tag_and_only_those() -> None:
+    tools = ("search", "calc")
+    assert parse_action("<calc> 1 + 1 </calc><search> x </search>", tools).kind == "calc"
+    assert parse_action("<calc> 1 + 1 </calc>").reason == "no </search> or </answer> closing tag"
+    assert parse_action("no tags", tools).reason == "no </search>, </calc> or </answer> closing tag"
+    assert parse_action("<calc> <search> </calc>", tools).reason == "calc contains the tag <search>"
+    long = parse_action(f"<calc>{'1+' * 1_100}1</calc>", tools)
+    assert long.reason == "calc of 2201 characters (at most 2000)"
+    message = invalid_action_message("x", tools)
+    assert message.endswith(
+        "To use calc, I should put its input between <calc> and </calc>. Let me try again.\n"
+    )
+    assert invalid_action_message("x") == invalid_action_message("x", ("search",))
