@@ -38,6 +38,7 @@ from envs.protocol import (
     Protocol,
     format_information,
     format_information_search_r1,
+    to_charset,
 )
 from retrieval.base import Hit, normalize_query
 
@@ -60,6 +61,7 @@ __all__ = [
 ANSWER = "answer"
 """The name of the final answer, as a tool call (`arguments={"answer": ...}`)."""
 
+_MAX_REASON_CHARS = 300
 _RESERVED = frozenset({ANSWER, "invalid", "think", "information"})
 _NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
@@ -358,26 +360,33 @@ def call_as_text(call: Any, tools: Mapping[str, Tool]) -> tuple[str, str]:
         argument = tools[name].argument
     else:
         known = ", ".join([*tools, ANSWER])
-        return "", f"unknown tool {name!r:.60} (the tools are {known})"
+        return _invalid(f"unknown tool {name!r:.60} (the tools are {known})")
     if isinstance(arguments, str):
         if len(arguments) > MAX_ACTION_CHARS:
-            return "", f"arguments of {len(arguments)} characters (at most {MAX_ACTION_CHARS})"
+            return _invalid(
+                f"arguments of {len(arguments)} characters (at most {MAX_ACTION_CHARS})"
+            )
         try:
             arguments = json.loads(arguments)
         except (ValueError, RecursionError) as err:
-            return "", f"{name}: the arguments are not JSON ({err})"
+            return _invalid(f"{name}: the arguments are not JSON ({err})")
     if not isinstance(arguments, Mapping):
-        return "", f"{name}: the arguments are a {type(arguments).__name__}, not an object"
+        return _invalid(f"{name}: the arguments are a {type(arguments).__name__}, not an object")
     value = arguments.get(argument)
     if not isinstance(value, str) or set(arguments) != {argument}:
         given = sorted(map(str, arguments))
-        return "", f"{name} takes one string argument {argument!r}, got {given}"
+        return _invalid(f"{name} takes one string argument {argument!r}, got {given}")
     tags = {f"<{t}>" for t in (*tools, ANSWER, "think", "information")}
     tags |= {"</" + t[1:] for t in tags}
     for tag in sorted(tags):
         if tag in value:
-            return "", f"{name}: the argument holds the tag {tag}"
+            return _invalid(f"{name}: the argument holds the tag {tag}")
     return f"<{name}>{value}</{name}>", ""
+
+
+def _invalid(reason: str) -> tuple[str, str]:
+    """No text, and the reason: bounded and in the charset (it quotes what the caller sent)."""
+    return "", to_charset(reason[:_MAX_REASON_CHARS])
 
 
 def tool_spec(tool: Tool) -> str:

@@ -255,3 +255,13 @@ def test_the_text_parser_reads_every_tools_tag_and_only_those() -> None:
         "To use calc, I should put its input between <calc> and </calc>. Let me try again.\n"
     )
     assert invalid_action_message("x") == invalid_action_message("x", ("search",))
+
+
+def test_a_calls_reason_quotes_the_caller_within_the_observation_space() -> None:
+    env = _env()
+    keys = {f"北京{i}": "x" for i in range(1_000)}
+    obs, *_, info = env.step(ToolCall(name="search", arguments=keys))
+    assert not info["valid_action"] and len(env.history[-1].content) <= 300
+    assert env.observation_space.contains(obs) and "\ufffd" in obs
+    obs, *_ = env.step(ToolCall(name="北京", arguments={}))
+    assert env.observation_space.contains(obs) and "unknown tool" in obs
