@@ -10,8 +10,10 @@ Both are registered without `TimeLimit` (turn limits live in the env, inside its
 `OrderEnforcing` and `PassiveEnvChecker` (both keep state a snapshot would miss; the env
 enforces order itself, and `check_env` runs in the tests).
 
-This face holds what a user calls; the text protocol (`envs.protocol`), the reward helpers
-(`envs.rewards`) and the snapshot internals (`envs.snapshot`) are imported from their modules.
+This face holds what a user calls or implements (`Tool`, for a tool next to search); the text
+protocol (`envs.protocol`), the tools' helpers (`envs.tools`: `ToolResult`, `ToolContext`,
+`SearchTool`, `CalculatorTool`), the reward helpers (`envs.rewards`), the snapshot internals
+(`envs.snapshot`) and `WorldSplit` (`envs.synthetic`) are imported from their modules.
 """
 
 import gymnasium as gym
@@ -30,9 +32,10 @@ from envs.errors import (
 from envs.rewards import score_answer
 from envs.search_qa import SearchQAConfig, SearchQAEnv
 from envs.snapshot import EnvSnapshot, snapshot_from_dict, snapshot_from_json
-from envs.synthetic import World, WorldConfig, WorldSplit
+from envs.synthetic import World, WorldConfig
 from envs.synthetic.env import make_synthetic_env
 from envs.tasks import Paragraph, QATask, TaskSet
+from envs.tools import Tool, ToolCall
 from envs.wrappers import BudgetMeter, ForkableWrapper, fork, restore, snapshot
 
 __all__ = [
@@ -53,10 +56,11 @@ __all__ = [
     "SnapshotError",
     "SnapshotMismatchError",
     "TaskSet",
+    "Tool",
+    "ToolCall",
     "UnknownTaskError",
     "World",
     "WorldConfig",
-    "WorldSplit",
     "fork",
     "make_synthetic_env",
     "restore",

@@ -15,6 +15,7 @@ __all__ = [
     "RetrievalFailedError",
     "SnapshotError",
     "SnapshotMismatchError",
+    "ToolArgumentError",
     "UnforkableWrapperError",
     "UnknownTaskError",
 ]
@@ -69,6 +70,10 @@ class SnapshotMismatchError(SnapshotError):
     Its task id is not in this env's task set (a task id names its world or file), or, for an
     env built with `on_other_index="error"`, its index id is not the env's retriever's.
     """
+
+
+class ToolArgumentError(EnvError, ValueError):
+    """A tool's argument is not one it takes; the env makes it an invalid action, not an error."""
 
 
 class UnforkableWrapperError(EnvError, TypeError):

@@ -47,7 +47,8 @@ __all__ = [
     "to_charset",
 ]
 
-ActionKind = Literal["search", "answer", "invalid"]
+ActionKind = str
+"""What an action was: "answer", "invalid", or the name of a tool ("search", or a user's)."""
 Protocol = Literal["trace-rl", "search-r1"]
 PROTOCOLS: tuple[Protocol, ...] = ("trace-rl", "search-r1")
 
@@ -127,17 +128,12 @@ def format_prompt(template: str, question: str, *, exact: bool = False) -> str:
     return prompt if exact else to_charset(prompt)
 
 
-_CLOSERS: tuple[tuple[str, ActionKind], ...] = (("</search>", "search"), ("</answer>", "answer"))
-_PROTOCOL_TAGS = (
-    "<search>",
-    "</search>",
-    "<answer>",
-    "</answer>",
-    "<information>",
-    "</information>",
-    "<think>",
-    "</think>",
-)
+_PROTOCOL_TAGS = ("<information>", "</information>", "<think>", "</think>")
+
+
+def _closers(tools: Sequence[str]) -> tuple[tuple[str, ActionKind], ...]:
+    """Each action's closing tag and kind: the tools', then the answer's."""
+    return tuple((f"</{kind}>", kind) for kind in (*tools, "answer"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,14 +157,15 @@ class ParsedAction:
     query: str = ""
 
 
-def parse_action(text: str) -> ParsedAction:
-    """Parse an action up to its first `</search>` or `</answer>`.
+def parse_action(text: str, tools: Sequence[str] = ("search",)) -> ParsedAction:
+    """Parse an action up to its first `</search>` or `</answer>` (or other tool's closing tag).
 
     The content is the text between the closing tag and the last matching opening tag before
     it. An action is invalid when it has no closing tag, no matching opening tag, an empty
-    content, a content holding another protocol tag, an answer over `MAX_CONTENT_CHARS`, or
-    a search whose query is over `MAX_CONTENT_CHARS` or empty once normalised (the query is
-    normalised here, once, before its length is checked: the one rule for every retriever).
+    content, a content holding another protocol tag, an answer (or a call of a tool other than
+    search) over `MAX_CONTENT_CHARS`, or a search whose query is over `MAX_CONTENT_CHARS` or
+    empty once normalised (the query is normalised here, once, before its length is checked:
+    the one rule for every retriever). `tools` names the env's tools (their tags).
 
     >>> parse_action("<think>hm</think> <search> Acme  Founder </search> junk")
     ParsedAction(kind='search', content='Acme  Founder', reason='', end=50, query='acme founder')
@@ -179,13 +176,16 @@ def parse_action(text: str) -> ParsedAction:
     """
     if (too_long := _too_long(text)) is not None:
         return too_long
+    closers = _closers(tools)
     best_at, best_tag, best_kind = -1, "", "invalid"
-    for tag, kind in _CLOSERS:
+    for tag, kind in closers:
         at = text.find(tag)
         if at != -1 and (best_at == -1 or at < best_at):
             best_at, best_tag, best_kind = at, tag, kind
     if best_at == -1:
-        return ParsedAction("invalid", "", "no </search> or </answer> closing tag", len(text))
+        names = [tag for tag, _ in closers]
+        reason = f"no {', '.join(names[:-1])} or {names[-1]} closing tag"
+        return ParsedAction("invalid", "", reason, len(text))
     end = best_at + len(best_tag)
     opener = "<" + best_tag[2:]
     start = text.rfind(opener, 0, best_at)
@@ -194,14 +194,18 @@ def parse_action(text: str) -> ParsedAction:
     content = text[start + len(opener) : best_at].strip()
     if not content:
         return ParsedAction("invalid", "", f"empty {best_kind}", end)
-    if best_kind == "answer" and len(content) > MAX_CONTENT_CHARS:
-        reason = f"answer of {len(content)} characters (at most {MAX_CONTENT_CHARS})"
+    if best_kind != "search" and len(content) > MAX_CONTENT_CHARS:
+        reason = f"{best_kind} of {len(content)} characters (at most {MAX_CONTENT_CHARS})"
         return ParsedAction("invalid", "", reason, end)
+    for closer, _ in closers:
+        for tag in (closer.replace("/", "", 1), closer):
+            if tag in content:
+                return ParsedAction("invalid", "", f"{best_kind} contains the tag {tag}", end)
     for tag in _PROTOCOL_TAGS:
         if tag in content:
             return ParsedAction("invalid", "", f"{best_kind} contains the tag {tag}", end)
-    if best_kind == "answer":
-        return ParsedAction("answer", content, "", end)
+    if best_kind != "search":
+        return ParsedAction(best_kind, content, "", end)
     return _bounded_search(content, end, allow_empty=False)
 
 
@@ -223,10 +227,11 @@ def _bounded_search(content: str, end: int, *, allow_empty: bool) -> ParsedActio
     return ParsedAction("search", content, "", end, query)
 
 
-def invalid_action_message(reason: str | None) -> str:
+def invalid_action_message(reason: str | None, tools: Sequence[str] = ("search",)) -> str:
     """The observation that answers an invalid action: Search-R1's wording, plus the reason.
 
-    A `reason` of None gives Search-R1's message exactly (the search-r1 protocol).
+    A `reason` of None gives Search-R1's message exactly (the search-r1 protocol). Tools
+    other than search each add a sentence naming their tags.
 
     >>> invalid_action_message("empty search")[:40]
     '\\nMy previous action is invalid (empty se'
@@ -237,7 +242,13 @@ def invalid_action_message(reason: str | None) -> str:
     return (
         f"\nMy previous action is invalid{why}. If I want to search, I should put the "
         "query between <search> and </search>. If I want to give the final answer, I should "
-        "put the answer between <answer> and </answer>. Let me try again.\n"
+        "put the answer between <answer> and </answer>."
+        + "".join(
+            f" To use {tool}, I should put its input between <{tool}> and </{tool}>."
+            for tool in tools
+            if tool != "search"
+        )
+        + " Let me try again.\n"
     )
 
 

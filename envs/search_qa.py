@@ -20,7 +20,7 @@ import copy
 import hashlib
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Self, SupportsFloat
 
@@ -35,6 +35,7 @@ from envs.errors import (
     RetrievalFailedError,
     SnapshotError,
     SnapshotMismatchError,
+    ToolArgumentError,
     UnknownTaskError,
 )
 from envs.protocol import (
@@ -46,8 +47,6 @@ from envs.protocol import (
     ActionKind,
     ParsedAction,
     Protocol,
-    format_information,
-    format_information_search_r1,
     format_prompt,
     invalid_action_message,
     parse_action,
@@ -64,6 +63,17 @@ from envs.snapshot import (
 )
 from envs.spaces import EnvText
 from envs.tasks import QATask, TaskSet
+from envs.tools import (
+    Tool,
+    ToolCall,
+    ToolContext,
+    ToolResult,
+    call_as_text,
+    check_spec,
+    check_tools,
+    load_tool,
+    tool_spec,
+)
 from retrieval.base import Hit, Retriever
 from retrieval.deadline import deadline
 
@@ -128,6 +138,9 @@ class SearchQAConfig:
             (cached queries replay from the snapshot, new ones use this env's index) or
             "error" (`SnapshotMismatchError`: the snapshot belongs to another corpus, e.g.
             another generated world). A restore policy, not dynamics: snapshots omit it.
+        tools: the tools next to search, as `MODULE:CLASS` specs (`--tool`), loaded by
+            `make_env` (`envs.tools.load_tool`: importable classes that build with no
+            arguments); an env built with `Tool` objects records their classes' specs here.
     """
 
     max_turns: int = 4
@@ -139,6 +152,7 @@ class SearchQAConfig:
     protocol: Protocol = "trace-rl"
     retrieval_deadline_s: float | None = 10.0  # a hung server costs a step 10 s, not 120 s
     on_other_index: Literal["warn", "error"] = "warn"
+    tools: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_turns < 2:
@@ -161,6 +175,14 @@ class SearchQAConfig:
             raise EnvConfigError(f"protocol={self.protocol!r}: choose one of {PROTOCOLS}")
         if self.on_other_index not in ("warn", "error"):
             raise EnvConfigError(f"on_other_index={self.on_other_index!r}: choose warn or error")
+        object.__setattr__(self, "tools", tuple(self.tools))  # a list from JSON or a caller
+        for spec in self.tools:  # loaded by make_env: an env built from objects has them
+            check_spec(spec)
+        if self.tools and self.protocol == "search-r1":
+            raise EnvConfigError(
+                f"tools={self.tools}: the search-r1 protocol reproduces Search-R1, which has "
+                "only search; use the trace-rl protocol for other tools"
+            )
         if self.protocol == "search-r1":
             return  # documents are never cut, so no size bound applies (see envs.protocol)
         longest = self.top_k * (self.max_doc_chars + _DOC_OVERHEAD) + _INFO_OVERHEAD
@@ -174,7 +196,7 @@ class SearchQAConfig:
     def make_env(
         self, tasks: TaskSet | Sequence[QATask], retriever: Retriever, **overrides: Any
     ) -> SearchQAEnv:
-        """A `SearchQAEnv` with these settings (`overrides`: fields to change for this env).
+        """A `SearchQAEnv` with these settings (`overrides`: fields to change, or `tools`).
 
         >>> from retrieval.base import Document
         >>> from retrieval.bm25 import BM25Retriever
@@ -204,8 +226,9 @@ class _Turn:
     kind: ActionKind
     content: str
     hits: tuple[Hit, ...]
-    query_key: str  # ParsedAction.query for a search, "" otherwise
+    query_key: str  # the tool's key (a search's normalised query), "" for an answer or invalid
     parent: _Turn | None
+    output: str = ""  # a tool's text result (ToolResult.output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +254,7 @@ class _Shared:
     tasks: TaskSet
     retriever: Retriever
     space_template: Text
+    tools: Mapping[str, Tool]
 
 
 class SearchQAEnv(gym.Env[str, str]):
@@ -251,15 +275,20 @@ class SearchQAEnv(gym.Env[str, str]):
             overall bound); `SearchQAConfig.retrieval_deadline_s`.
         on_other_index: "warn" or "error" on restoring a snapshot taken on another index
             (`SearchQAConfig.on_other_index`).
+        tools: the tools next to search (`envs.Tool` objects, or `MODULE:CLASS` specs); search
+            is always the first. Each adds a line to the prompt; snapshots name them.
 
     Raises:
         EnvConfigError: an argument is out of range, or `tasks` is empty.
 
-    Observations and actions are strings (`gymnasium.spaces.Text`). `info` on reset and on
-    every step holds "task_id", "golden_answers", "question_type", "n_hops", "turn_idx",
-    "max_turns", "n_tool_calls" (searches so far), "retrieved_doc_ids" (every document shown so
-    far, in order), "valid_action" and "action_kind" (None on reset). Reset adds "question";
-    an answer adds "answer", "em", "sub_em" and "f1".
+    Observations and actions are strings (`gymnasium.spaces.Text`); `step` also takes a
+    structured action, an `envs.ToolCall` or a dict `{"name": ..., "arguments": ...}`, read
+    as the text action with the tool's tag. `info` on reset and on every step holds
+    "task_id", "golden_answers", "question_type", "n_hops", "turn_idx", "max_turns",
+    "n_tool_calls" (the tools' costs so far: one per search), "tool_cost" (this action's),
+    "retrieved_doc_ids" (every document shown so far, in order), "valid_action" and
+    "action_kind" (None on reset; a tool's name, "answer" or "invalid"). Reset adds
+    "question"; an answer adds "answer", "em", "sub_em" and "f1".
 
     >>> from retrieval.base import Document
     >>> from retrieval.bm25 import BM25Retriever
@@ -292,11 +321,14 @@ class SearchQAEnv(gym.Env[str, str]):
         protocol: Protocol = "trace-rl",
         retrieval_deadline_s: float | None = 10.0,
         on_other_index: Literal["warn", "error"] = "warn",
+        tools: Sequence[Tool | str] = (),
     ) -> None:
         if not isinstance(tasks, TaskSet):
             tasks = TaskSet(tasks)
         if len(tasks) == 0:
             raise EnvConfigError("the task set is empty: an env needs at least one task")
+        extra = [load_tool(t) if isinstance(t, str) else t for t in tools]
+        checked = check_tools(extra)
         config = SearchQAConfig(
             max_turns=max_turns,
             top_k=top_k,
@@ -311,11 +343,16 @@ class SearchQAEnv(gym.Env[str, str]):
             protocol=protocol,
             retrieval_deadline_s=retrieval_deadline_s,
             on_other_index=on_other_index,
+            tools=tuple(tool_spec(tool) for tool in checked[1:]),
         )
         # Text builds a per-character index (costly per env); forks copy this template instead.
         template = EnvText(MAX_TEXT_CHARS, min_length=0, charset=CHARSET)
         self._shared = _Shared(
-            config=config, tasks=tasks, retriever=retriever, space_template=template
+            config=config,
+            tasks=tasks,
+            retriever=retriever,
+            space_template=template,
+            tools={tool.name: tool for tool in checked},
         )
         self._episode: _Episode | None = None
         self._space: Text | None = None
@@ -339,6 +376,16 @@ class SearchQAEnv(gym.Env[str, str]):
         return self._shared.retriever
 
     @property
+    def tools(self) -> tuple[Tool, ...]:
+        """The tools (shared with every fork), in order."""
+        return tuple(self._shared.tools.values())
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        """The tools' names (their text tags), in order."""
+        return tuple(self._shared.tools)
+
+    @property
     def task(self) -> QATask | None:
         """The current episode's task, or None before the first `reset`."""
         return None if self._episode is None else self._episode.task
@@ -355,7 +402,9 @@ class SearchQAEnv(gym.Env[str, str]):
         turns: list[TurnRecord] = []
         node = None if self._episode is None else self._episode.last
         while node is not None:
-            turns.append(TurnRecord(kind=node.kind, content=node.content, hits=node.hits))
+            turns.append(
+                TurnRecord(kind=node.kind, content=node.content, hits=node.hits, output=node.output)
+            )
             node = node.parent
         return tuple(reversed(turns))
 
@@ -452,7 +501,7 @@ class SearchQAEnv(gym.Env[str, str]):
         else:
             task = tasks[int(self.np_random.integers(len(tasks)))]
         config = self._shared.config
-        prompt = format_prompt(
+        prompt = _tools_preamble(self._shared.tools) + format_prompt(
             config.prompt_template, task.question, exact=config.protocol == "search-r1"
         )
         if len(prompt) > MAX_TEXT_CHARS:
@@ -475,20 +524,30 @@ class SearchQAEnv(gym.Env[str, str]):
         info["question"] = task.question
         return prompt, info
 
-    def step(self, action: str) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
-        """Take one action: a search, an answer, or anything else (an invalid action).
+    def step(
+        self, action: str | ToolCall | Mapping[str, Any]
+    ) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Take one action: a tool call (a search), an answer, or anything else (invalid).
+
+        Args:
+            action: an action text, or a structured action (an `envs.ToolCall`, or a dict
+                with "name" and "arguments"), which is read as the text action with the
+                tool's tag around its argument (`envs.tools.call_as_text`); a call that
+                names no tool or has malformed arguments is an invalid action.
 
         Returns:
             (observation, reward, terminated, truncated, info). An answer terminates the
             episode; the `max_turns`-th action that is not an answer truncates it.
 
         Raises:
-            ActionTypeError: `action` is not a string.
+            ActionTypeError: `action` is neither a string nor a structured action.
             EpisodeStateError: no episode is running.
             RetrievalFailedError: the retriever failed; the env is unchanged, retry at will.
         """
-        if not isinstance(action, str):
-            raise ActionTypeError(f"an action must be a str, got {type(action).__name__}")
+        if not isinstance(action, str | ToolCall | Mapping):
+            raise ActionTypeError(
+                f"an action must be a str or an envs.ToolCall, got {type(action).__name__}"
+            )
         ep = self._episode
         if ep is None:
             raise EpisodeStateError("step() before reset(): call reset() first")
@@ -499,24 +558,11 @@ class SearchQAEnv(gym.Env[str, str]):
             )
         config = self._shared.config
         exact = config.protocol == "search-r1"
-        parsed = _parse(config, action)
+        parsed = self._parse_any(action)
         reward = 0.0
         extra: dict[str, Any] = {}
         n_tool_calls, n_invalid, doc_ids = ep.n_tool_calls, ep.n_invalid, ep.retrieved_doc_ids
-        if parsed.kind == "search":
-            key = parsed.query  # normalised and bounded once, by the parser
-            hits = _cached_hits(ep.last, key)
-            if hits is None:
-                hits = self._search(key) if key else ()  # search-r1 allows an empty query
-            turn = _Turn("search", parsed.content, hits, key, ep.last)
-            observation = (
-                format_information_search_r1(hits)
-                if exact
-                else format_information(hits, max_doc_chars=config.max_doc_chars)
-            )
-            n_tool_calls += 1
-            doc_ids = doc_ids + tuple(hit.doc_id for hit in hits)
-        elif parsed.kind == "answer":
+        if parsed.kind == "answer":
             scores = score_answer(parsed.content, ep.task.golden_answers)
             reward = reward_for_answer(
                 config.reward, scores, f1_threshold=config.f1_threshold, valid_format=n_invalid == 0
@@ -529,10 +575,23 @@ class SearchQAEnv(gym.Env[str, str]):
                 "sub_em": scores.sub_em,
                 "f1": scores.f1,
             }
-        else:
+        elif parsed.kind == "invalid":
             turn = _Turn("invalid", parsed.reason, (), "", ep.last)
-            observation = invalid_action_message(None if exact else parsed.reason)
+            reason = None if exact else parsed.reason
+            observation = invalid_action_message(reason, tuple(self._shared.tools))
             n_invalid += 1
+        else:
+            tool = self._shared.tools[parsed.kind]
+            key = parsed.query  # the tool's key, set by _parse_any
+            cached = _cached(ep.last, parsed.kind, key)
+            if cached is None:
+                result = tool.run(key, self._tool_context())
+            else:
+                result = ToolResult(output=cached.output, hits=cached.hits)
+            turn = _Turn(parsed.kind, parsed.content, result.hits, key, ep.last, result.output)
+            observation = tool.observe(result, self._tool_context())
+            n_tool_calls += tool.cost
+            doc_ids = doc_ids + tuple(hit.doc_id for hit in result.hits)
         terminated = parsed.kind == "answer"
         truncated = not terminated and ep.n_turns + 1 >= config.max_turns
         if truncated and config.reward == "format":
@@ -551,6 +610,21 @@ class SearchQAEnv(gym.Env[str, str]):
         info = self._info(ep, kind=parsed.kind, valid=parsed.kind != "invalid")
         info.update(extra)
         return observation, reward, terminated, truncated, info
+
+    def _parse_any(self, action: str | ToolCall | Mapping[str, Any]) -> ParsedAction:
+        """A text or structured action as a turn: its kind, content and the tool's key."""
+        if not isinstance(action, str):
+            text, reason = call_as_text(action, self._shared.tools)
+            if reason:
+                return ParsedAction("invalid", "", reason, 0)
+            action = text
+        return _parse(self._shared.config, action, self._shared.tools)
+
+    def _tool_context(self) -> ToolContext:
+        config = self._shared.config
+        return ToolContext(
+            retrieve=self._search, protocol=config.protocol, max_doc_chars=config.max_doc_chars
+        )
 
     def _search(self, query: str) -> tuple[Hit, ...]:
         k = self._shared.config.top_k
@@ -587,6 +661,7 @@ class SearchQAEnv(gym.Env[str, str]):
 
     def _info(self, ep: _Episode, *, kind: ActionKind | None, valid: bool) -> dict[str, Any]:
         task = ep.task
+        tool = None if kind is None else self._shared.tools.get(kind)
         return {
             "task_id": task.task_id,
             "golden_answers": list(task.golden_answers),
@@ -598,6 +673,8 @@ class SearchQAEnv(gym.Env[str, str]):
             "retrieved_doc_ids": list(ep.retrieved_doc_ids),
             "valid_action": valid,
             "action_kind": kind,
+            # this action's cost in the budget's tool-call currency (BudgetMeter counts it)
+            "tool_cost": 0 if tool is None else tool.cost,
         }
 
     # -- fork, snapshot, restore -----------------------------------------------------------
@@ -642,6 +719,7 @@ class SearchQAEnv(gym.Env[str, str]):
             max_doc_chars=config.max_doc_chars,
             prompt_sha256=config.prompt_sha256,
             protocol=config.protocol,
+            tools=self.tool_names,
             task_id=None if ep is None else ep.task.task_id,
             task_sha256=None
             if ep is None
@@ -684,6 +762,7 @@ class SearchQAEnv(gym.Env[str, str]):
             "max_doc_chars": config.max_doc_chars,
             "prompt_sha256": config.prompt_sha256,
             "protocol": config.protocol,
+            "tools": self.tool_names,
         }
         for name, value in expected.items():
             if getattr(snap, name) != value:
@@ -756,17 +835,27 @@ class SearchQAEnv(gym.Env[str, str]):
         last: _Turn | None = None
         n_tool_calls = n_invalid = 0
         doc_ids: list[str] = []
+        tools = self._shared.tools
         for i, record in enumerate(snap.turns):
+            if record.kind not in (*tools, "answer", "invalid"):
+                raise SnapshotError(
+                    f"snapshot turn {i} is a {record.kind!r:.40}, which is none of this env's "
+                    f"tools {sorted(tools)}, an answer or an invalid action",
+                    field="turns",
+                )
             if record.kind == "answer" and i != len(snap.turns) - 1:
                 raise SnapshotError(
                     f"snapshot turn {i} is an answer but is not the last", field="turns"
                 )
-            if record.kind != "search" and record.hits:
-                raise SnapshotError(f"snapshot turn {i} ({record.kind}) has hits", field="turns")
+            if record.kind not in tools and (record.hits or record.output):
+                raise SnapshotError(
+                    f"snapshot turn {i} ({record.kind}) has a tool's result", field="turns"
+                )
             key = ""
             if record.kind != "invalid":
                 # the content must be what this env's parser would have taken from an action
-                parsed = _parse(config, f"<{record.kind}>{record.content}</{record.kind}>")
+                action = f"<{record.kind}>{record.content}</{record.kind}>"
+                parsed = _parse(config, action, tools)
                 if parsed.kind != record.kind or parsed.content != record.content:
                     reason = parsed.reason or "it is not stripped"
                     raise SnapshotError(
@@ -776,8 +865,8 @@ class SearchQAEnv(gym.Env[str, str]):
                 key = parsed.query
                 if record.kind == "search" and not key and record.hits:
                     raise SnapshotError(f"snapshot turn {i} has hits for no query", field="turns")
-            last = _Turn(record.kind, record.content, tuple(record.hits), key, last)
-            n_tool_calls += record.kind == "search"
+            last = _Turn(record.kind, record.content, tuple(record.hits), key, last, record.output)
+            n_tool_calls += tools[record.kind].cost if record.kind in tools else 0
             n_invalid += record.kind == "invalid"
             doc_ids.extend(hit.doc_id for hit in record.hits)
         terminated = bool(snap.turns) and snap.turns[-1].kind == "answer"
@@ -794,11 +883,31 @@ class SearchQAEnv(gym.Env[str, str]):
         )
 
 
-def _parse(config: SearchQAConfig, action: str) -> ParsedAction:
-    """The action as this env's protocol reads it."""
+def _parse(config: SearchQAConfig, action: str, tools: Mapping[str, Tool]) -> ParsedAction:
+    """The action as this env's protocol reads it; a tool call checked by its tool.
+
+    A tool call's `query` is the tool's key (a search's normalised query).
+    """
     if config.protocol == "search-r1":
-        return parse_action_search_r1(action)
-    return parse_action(action)
+        parsed = parse_action_search_r1(action)
+    else:
+        parsed = parse_action(action, tuple(tools))
+    tool = tools.get(parsed.kind)
+    if tool is None:
+        return parsed
+    try:
+        content = tool.parse(parsed.content)
+    except ToolArgumentError as err:
+        return ParsedAction("invalid", "", str(err), parsed.end)
+    return ParsedAction(parsed.kind, content, "", parsed.end, tool.key(content))
+
+
+def _tools_preamble(tools: Mapping[str, Tool]) -> str:
+    """The prompt's lines on tools other than search ("" for search alone: Search-R1's)."""
+    others = [tool.prompt_line() for name, tool in tools.items() if name != "search"]
+    if not others:
+        return ""
+    return "Besides searching, you can use these tools:\n" + "\n".join(others) + "\n"
 
 
 def _cut(hit: Hit) -> Hit:
@@ -808,11 +917,11 @@ def _cut(hit: Hit) -> Hit:
     return replace(hit, title=hit.title[:MAX_TEXT_CHARS], text=hit.text[:MAX_TEXT_CHARS])
 
 
-def _cached_hits(node: _Turn | None, key: str) -> tuple[Hit, ...] | None:
-    """The hits of the latest earlier search with this normalised query, if any."""
+def _cached(node: _Turn | None, kind: str, key: str) -> _Turn | None:
+    """The latest earlier call of this tool with this key (a search's normalised query)."""
     while node is not None:
-        if node.query_key == key and node.kind == "search":
-            return node.hits
+        if node.query_key == key and node.kind == kind:
+            return node
         node = node.parent
     return None
 

@@ -40,7 +40,7 @@ __all__ = [
 SCHEMA_VERSION = 1
 """Bumped whenever the snapshot format or the env's replay semantics change."""
 
-_KINDS: tuple[ActionKind, ...] = ("search", "answer", "invalid")
+_DEFAULT_TOOLS = ("search",)
 
 MAX_WRAPPER_DEPTH = 64
 """The most `WrapperSnapshot`s one snapshot may nest (a real wrapper chain is a handful)."""
@@ -105,6 +105,7 @@ def check_snapshot_schema(snap: EnvSnapshot) -> None:
         ("max_doc_chars", snap.max_doc_chars, int),
         ("prompt_sha256", snap.prompt_sha256, str),
         ("protocol", snap.protocol, str),
+        ("tools", snap.tools, (tuple, list)),
         ("task_id", snap.task_id, (str, type(None))),
         ("task_sha256", snap.task_sha256, (str, type(None))),
         ("index_id", snap.index_id, str),
@@ -133,6 +134,11 @@ def check_snapshot_schema(snap: EnvSnapshot) -> None:
                 f"snapshot field {name!r} has {len(value)} characters, over the limit of {limit}",
                 field=name,
             )
+    for i, name in enumerate(snap.tools):
+        try:
+            _check_str(name, f"tool {i}", _MAX_ID_CHARS)
+        except ValueError as err:
+            raise SnapshotError(f"snapshot field 'tools': {err}", field="tools") from None
     if not math.isfinite(snap.f1_threshold):
         raise SnapshotError(
             f"snapshot f1_threshold {snap.f1_threshold} is not finite", field="f1_threshold"
@@ -141,9 +147,9 @@ def check_snapshot_schema(snap: EnvSnapshot) -> None:
         try:
             if not isinstance(turn, TurnRecord):
                 raise ValueError(f"is a {type(turn).__name__}, not a TurnRecord")
-            if turn.kind not in _KINDS:
-                raise ValueError(f"has kind {turn.kind!r}, not one of {_KINDS}")
+            _check_str(turn.kind, "its kind", _MAX_ID_CHARS)
             _check_str(turn.content, "its content", _MAX_STRING_CHARS)
+            _check_str(turn.output, "its output", _MAX_STRING_CHARS)
             check_hits(turn.hits, top_k=snap.top_k)
         except ValueError as err:
             raise SnapshotError(f"snapshot turn {i} {err}", field="turns") from None
@@ -158,25 +164,32 @@ def _require(record: dict[str, Any], key: str, kind: str) -> Any:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnRecord:
-    """One past turn: what was asked, and what the retriever answered.
+    """One past turn: what was asked, and what the retriever (or another tool) answered.
 
     Attributes:
-        kind: "search", "answer" or "invalid".
-        content: the query, the answer, or (for an invalid action) the reason it was invalid.
+        kind: a tool's name ("search", ...), "answer" or "invalid".
+        content: the query (a tool's argument), the answer, or (for an invalid action) the
+            reason it was invalid.
         hits: the hits shown for a search (empty otherwise).
+        output: another tool's text result (`envs.tools.ToolResult.output`; "" otherwise, and
+            then absent from the JSON, so search-only snapshots keep their form).
     """
 
     kind: ActionKind
     content: str
     hits: tuple[Hit, ...] = ()
+    output: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict."""
-        return {
+        record: dict[str, Any] = {
             "kind": self.kind,
             "content": self.content,
             "hits": [h.to_json() for h in self.hits],
         }
+        if self.output:
+            record["output"] = self.output
+        return record
 
     @classmethod
     def from_json(cls, record: dict[str, Any]) -> TurnRecord:
@@ -186,8 +199,6 @@ class TurnRecord:
             SnapshotError: a field is missing or malformed.
         """
         kind = _typed(record, "kind", "turn", str)
-        if kind not in _KINDS:
-            raise SnapshotError(f"turn kind {kind!r} is not one of {_KINDS}", field="turns")
         hits = []
         for item in _typed(record, "hits", "turn", list):
             hits.append(
@@ -198,7 +209,13 @@ class TurnRecord:
                     score=_float(item, "score", "hit"),
                 )
             )
-        return cls(kind=kind, content=_typed(record, "content", "turn", str), hits=tuple(hits))
+        output = _typed(record, "output", "turn", str) if "output" in record else ""
+        return cls(
+            kind=kind,
+            content=_typed(record, "content", "turn", str),
+            hits=tuple(hits),
+            output=output,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,6 +229,8 @@ class EnvSnapshot:
         prompt_sha256: hash of the prompt template.
         protocol: the env's protocol ("trace-rl" or "search-r1"); absent from snapshots
             written before it existed, which were all "trace-rl".
+        tools: the env's tools' names; absent from the JSON of a search-only env (and from
+            snapshots written before tools existed), which reads back as ("search",).
         task_id: the episode's task, or None before the first `reset`.
         task_sha256: the task's fingerprint (`task_fingerprint`: question and gold answers),
             so a restore into an env whose task of that id differs (another world's
@@ -232,6 +251,7 @@ class EnvSnapshot:
     max_doc_chars: int
     prompt_sha256: str
     protocol: str = "trace-rl"
+    tools: tuple[str, ...] = _DEFAULT_TOOLS
     task_id: str | None
     task_sha256: str | None = None
     index_id: str
@@ -245,7 +265,7 @@ class EnvSnapshot:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-safe dict (`to_json` gives the text to store or send)."""
-        return {
+        record: dict[str, Any] = {
             "kind": "env",
             "schema_version": self.schema_version,
             "env": self.env,
@@ -262,6 +282,9 @@ class EnvSnapshot:
             "turns": [t.to_json() for t in self.turns],
             "rng_state": self.rng_state,
         }
+        if tuple(self.tools) != _DEFAULT_TOOLS:
+            record["tools"] = list(self.tools)
+        return record
 
     def to_json(self) -> str:
         """The snapshot as one compact, ASCII-only JSON text (see `_json_str`)."""
@@ -304,6 +327,9 @@ class EnvSnapshot:
             max_doc_chars=_typed(record, "max_doc_chars", where, int),
             prompt_sha256=_typed(record, "prompt_sha256", where, str),
             protocol=_typed(record, "protocol", where, str) if "protocol" in record else "trace-rl",
+            tools=tuple(_typed(record, "tools", where, list))
+            if "tools" in record
+            else _DEFAULT_TOOLS,
             task_id=_typed(record, "task_id", where, (str, type(None))),
             task_sha256=_typed(record, "task_sha256", where, (str, type(None)))
             if "task_sha256" in record

@@ -150,7 +150,8 @@ class BudgetMeter(ForkableWrapper):
 
     Args:
         env: the env to meter (its info must carry "action_kind" and "retrieved_doc_ids").
-        max_tool_calls: total searches allowed over the lifetime, or None for no limit.
+        max_tool_calls: total tool calls allowed over the lifetime (each tool's `cost`; one per
+            search), or None for no limit.
     """
 
     def __init__(self, env: gym.Env[str, str], *, max_tool_calls: int | None = None) -> None:
@@ -183,7 +184,8 @@ class BudgetMeter(ForkableWrapper):
         """Step the inner env, count what it spent, and truncate once the budget is spent."""
         obs, reward, terminated, truncated, info = self.env.step(action)
         self.n_steps += 1
-        self.n_tool_calls += info.get("action_kind") == "search"
+        # the action's cost in tool calls (an env that does not say counts one per search)
+        self.n_tool_calls += int(info.get("tool_cost", info.get("action_kind") == "search"))
         n_docs = len(info.get("retrieved_doc_ids", ()))
         self.n_retrieved_docs += n_docs - self._n_docs_in_episode
         self._n_docs_in_episode = n_docs

@@ -10,7 +10,9 @@ The face for Python callers; `tracerl bench` is `run_bench` behind a command lin
 - **questions**: `load_data(DataArgs(...))` for what `--dataset`/`--data-file` name (the
   loaders and formats themselves are `envs.qa_datasets`);
 - **agents**: `ScriptedAgent`, `PolicyAgent` (a local backend), `HTTPAgent` (an
-  OpenAI-compatible endpoint), `DecompositionOracle`, or `make_agent` from `AgentArgs`;
+  OpenAI-compatible endpoint), `DecompositionOracle`, or `make_agent` from `AgentArgs`; for
+  `--protocol tools` and `react`, `harness.evaluation.tool_agents`' `ToolCallAgent` and
+  `ReActAgent`;
 - **evaluation**: `evaluate(agent, env_factory, tasks)` plays the episodes and returns a
   `Report` (EM / sub-EM / F1, per dataset, question type and hop count);
   `evaluate_policy_dir` evaluates a local transformers policy on given questions;

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from envs.base import ScriptedPolicy
 from envs.qa_datasets import DecompositionStep, LoadedDataset
+from envs.tools import ToolCall
 from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
 from harness.policies.base import STOP_STRINGS, PolicyBackend, SamplingParams
 from harness.policies.openai_compat import OpenAICompatClient, TextCompletion
@@ -47,8 +48,11 @@ __all__ = [
     "OraclePlan",
     "PolicyAgent",
     "ScriptedAgent",
+    "check_endpoint",
     "close_open_tag",
+    "failed_reply",
     "oracle_plans",
+    "reply_tokens",
 ]
 
 log = logging.getLogger(__name__)
@@ -61,13 +65,15 @@ class AgentAction:
     """One action and what it cost."""
 
     text: str
-    """The action text handed to `env.step`."""
+    """The action text handed to `env.step` (for a `call`, how the trajectory shows it)."""
     n_tokens: int = 0
     """Tokens generated for it (0 for scripted agents)."""
     finish_reason: FinishReason = "scripted"
     """How generation ended; `context` means the transcript outgrew the model's context, and
     the episode is stopped there (the action text is then empty); `error` means the endpoint's
     replies stayed malformed after the retries, and only that episode is stopped."""
+    call: ToolCall | None = None
+    """A structured action (a native tool call) handed to `env.step` instead of `text`."""
 
 
 @runtime_checkable
@@ -419,17 +425,7 @@ class HTTPAgent:
             EndpointError: the endpoint does not answer.
             EndpointRejected: it refuses the key, or does not list the model.
         """
-        served = self.client.models()
-        if served is None:
-            log.info("%s has no /models; the model name is checked by the first request",
-                     self.client.config.api_root)  # fmt: skip
-            return
-        if self.client.config.model not in served:
-            raise EndpointRejected(
-                f"{self.client.config.api_root} does not serve model "
-                f"{self.client.config.model!r}; it serves {', '.join(served) or 'nothing'} "
-                "(pass one of them to --model)"
-            )
+        check_endpoint(self.client)
 
     def start(self, prompt: str, info: Mapping[str, Any]) -> _TextState:
         """The transcript starts with the prompt."""
@@ -464,25 +460,61 @@ class HTTPAgent:
             replies = self.client.complete_each([s.transcript for s in states], sampling)
         actions = []
         for state, reply in zip(states, replies, strict=True):
-            if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
-                actions.append(AgentAction(text="", finish_reason="context"))
+            if not isinstance(reply, TextCompletion):
+                actions.append(failed_reply(reply))
                 continue
-            if isinstance(reply, MalformedReply):  # this episode only; the run goes on
-                log.warning("an episode ends without an answer: %s", reply)
-                actions.append(AgentAction(text="", finish_reason="error"))
-                continue
-            if isinstance(reply, EndpointRejected):
-                raise reply
             text = _action_text(reply)
             state.transcript += text
             state.messages.append({"role": "assistant", "content": text})
-            n_tokens = reply.n_completion_tokens
-            if n_tokens is None:
-                n_tokens = len(reply.token_ids) if reply.token_ids is not None else 0
             actions.append(
-                AgentAction(text=text, n_tokens=n_tokens, finish_reason=reply.finish_reason)
+                AgentAction(
+                    text=text, n_tokens=reply_tokens(reply), finish_reason=reply.finish_reason
+                )
             )
         return actions
+
+
+def check_endpoint(client: OpenAICompatClient) -> None:
+    """Fail before a run if the endpoint is down or does not serve the client's model.
+
+    Raises:
+        EndpointError: the endpoint does not answer.
+        EndpointRejected: it refuses the key, or does not list the model.
+    """
+    served = client.models()
+    if served is None:
+        log.info("%s has no /models; the model name is checked by the first request",
+                 client.config.api_root)  # fmt: skip
+        return
+    if client.config.model not in served:
+        raise EndpointRejected(
+            f"{client.config.api_root} does not serve model {client.config.model!r}; it serves "
+            f"{', '.join(served) or 'nothing'} (pass one of them to --model)"
+        )
+
+
+def failed_reply(error: EndpointRejected) -> AgentAction:
+    """The action that ends the one episode whose request failed, or the error raised.
+
+    A prompt that outgrew the model's context ends its episode (`context`), as do replies
+    that stayed malformed after the retries (`error`); any other refusal ends the run.
+
+    Raises:
+        EndpointRejected: the endpoint refused the request for another reason.
+    """
+    if isinstance(error, ContextLengthExceeded):  # this episode outgrew the model
+        return AgentAction(text="", finish_reason="context")
+    if isinstance(error, MalformedReply):  # this episode only; the run goes on
+        log.warning("an episode ends without an answer: %s", error)
+        return AgentAction(text="", finish_reason="error")
+    raise error
+
+
+def reply_tokens(reply: TextCompletion) -> int:
+    """The tokens a reply generated: its `usage`, else its token ids, else 0."""
+    if reply.n_completion_tokens is not None:
+        return reply.n_completion_tokens
+    return len(reply.token_ids) if reply.token_ids is not None else 0
 
 
 def call_sampling(sampling: SamplingParams, call: int) -> SamplingParams:

@@ -47,6 +47,7 @@ from envs.qa_datasets import (
 from envs.rewards import RewardKind
 from envs.synthetic.config import WorldConfig
 from envs.tasks import TaskSet
+from envs.tools import SearchTool, Tool
 from harness.errors import EndpointError, EndpointRejected, HarnessError
 from harness.evaluation.agents import (
     Agent,
@@ -342,6 +343,10 @@ def corpus(argv: list[str]) -> int:
 # --- tracerl bench -----------------------------------------------------------------------------
 
 AgentKind = Literal["oracle", "naive", "transformers", "vllm", "openai"]
+BenchProtocol = Literal["trace-rl", "search-r1", "tools", "react"]
+"""How an agent talks to the env: the two text protocols of `envs.protocol`, native tool calls
+(`tools`) or ReAct's format (`react`); the last two play the trace-rl env through structured
+actions (`harness.evaluation.tool_agents`)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -414,10 +419,15 @@ class BenchConfig(AgentArgs, DataArgs):
     corpus_world_seed: int | None = None
     """Synthetic questions only: search this world's documents instead of their own (the
     decoy check: no document holds an answer, so EM measures answering from memory)."""
-    protocol: Protocol | None = None
+    protocol: BenchProtocol | None = None
     """`search-r1` reproduces Search-R1's prompt, observation text and action parsing byte for
     byte (to evaluate its checkpoints); `trace-rl` is ours (docs/benchmarks.md, "Where we
-    differ"). Unset: the policy's (`policy_protocol.json`), else trace-rl."""
+    differ"); `tools` offers the env's tools as native function calls (chat API) and `react`
+    plays ReAct's Thought / Search[...] / Finish[...] format, both `--agent openai` only.
+    Unset: the policy's (`policy_protocol.json`), else trace-rl."""
+    tool: Annotated[tuple[str, ...], tyro.conf.UseAppendAction] = ()
+    """`--tool MODULE:CLASS` (repeatable): a tool next to search (an `envs.Tool` subclass
+    built with no arguments, e.g. `envs.tools:CalculatorTool`)."""
     max_turns: int | None = None
     """Actions per episode. Unset: the policy's, else 4, or 5 with `--protocol search-r1` (its
     `max_turns=4` is four search rounds plus a final answer-only round)."""
@@ -455,6 +465,11 @@ class BenchConfig(AgentArgs, DataArgs):
 
     @property
     def env_protocol(self) -> Protocol:
+        """The env's text protocol: `--protocol` search-r1, else trace-rl."""
+        return "search-r1" if self.protocol == "search-r1" else "trace-rl"
+
+    @property
+    def agent_protocol(self) -> BenchProtocol:
         """`--protocol`, or trace-rl."""
         return self.protocol or "trace-rl"
 
@@ -576,7 +591,7 @@ def _sampling(args: AgentArgs, seed: int) -> SamplingParams:
     )
 
 
-def _use_chat_template(args: AgentArgs, protocol: Protocol, tokenizer: Any) -> bool:
+def _use_chat_template(args: AgentArgs, protocol: str, tokenizer: Any) -> bool:
     """`--chat-template` if given, else Search-R1's rule under its protocol.
 
     Search-R1 wraps the prompt whenever the tokenizer has a chat template.
@@ -586,7 +601,7 @@ def _use_chat_template(args: AgentArgs, protocol: Protocol, tokenizer: Any) -> b
     return protocol == "search-r1" and bool(getattr(tokenizer, "chat_template", None))
 
 
-def _chat_wrapper(args: AgentArgs, protocol: Protocol) -> Callable[[str], str] | None:
+def _chat_wrapper(args: AgentArgs, protocol: str) -> Callable[[str], str] | None:
     """openai: the chat-template wrapper of `--tokenizer`, if the prompt is to be wrapped."""
     if args.tokenizer is None:
         if args.chat_template:
@@ -622,12 +637,14 @@ def make_agent(
     data: LoadedData,
     *,
     seed: int = 0,
-    protocol: Protocol = "trace-rl",
+    protocol: BenchProtocol = "trace-rl",
+    tools: Sequence[Tool] = (SearchTool(),),
 ) -> Agent:
     """Build one agent of `kind` from the command-line settings.
 
     Raises:
-        BenchmarkError: a model agent without `--model`.
+        BenchmarkError: a model agent without `--model`, or a local one under `--protocol
+            tools` or `react` (both need `--agent openai`).
         BackendUnavailable: vLLM is not installed (`vllm`).
     """
     if kind == "naive":
@@ -650,7 +667,13 @@ def make_agent(
         raise BenchmarkError(f"--agent {kind} needs --model")
     name = f"{kind}:{Path(args.model).name or args.model}"
     sampling = _sampling(args, seed)
+    if kind != "openai" and protocol in ("tools", "react"):
+        raise BenchmarkError(
+            f"--protocol {protocol} talks to an OpenAI-compatible endpoint: use --agent openai "
+            f"(serve a local model with `vllm serve MODEL`), not --agent {kind}"
+        )
     if kind == "openai":
+        from harness.evaluation.tool_agents import ReActAgent, ToolCallAgent
         from harness.policies.openai_compat import EndpointConfig, OpenAICompatClient
 
         try:
@@ -665,6 +688,11 @@ def make_agent(
             )
         except ValueError as err:
             raise BenchmarkError(as_flags(str(err))) from None
+        if protocol == "tools":
+            return ToolCallAgent(name, OpenAICompatClient(endpoint), sampling, tools=tools)
+        if protocol == "react":
+            client = OpenAICompatClient(endpoint)
+            return ReActAgent(name, client, sampling, api=args.api, tools=tools)
         return HTTPAgent(
             name,
             OpenAICompatClient(endpoint),
@@ -726,6 +754,8 @@ def _meta(
             "reward": env.reward,
             "max_doc_chars": None if env.protocol == "search-r1" else env.max_doc_chars,
             "protocol": env.protocol,
+            "agent_protocol": config.agent_protocol,
+            "tools": list(env.tools),  # the --tool specs (search is always there)
             "prompt_sha256": env.prompt_sha256,
         },
         "seed": config.seed,
@@ -1017,16 +1047,25 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
         "top_k": config.env_top_k,
         "reward": config.reward,
         "protocol": config.env_protocol,
+        "tools": config.tool,
     }
     if config.prompt_template is not None:
         env_kwargs["prompt_template"] = config.prompt_template
     if config.max_doc_chars is not None:
         env_kwargs["max_doc_chars"] = config.max_doc_chars
-    env_config = SearchQAEnv(tasks, retriever, **env_kwargs).config  # validates the settings
+    probe = SearchQAEnv(tasks, retriever, **env_kwargs)  # validates the settings and tools
+    env_config = probe.config
     meta = _meta(config, command, data, retriever_meta, env_config)
     meta["created_at"] = state.created_at
     agents = [
-        make_agent(kind, config, data, seed=config.seed, protocol=config.env_protocol)
+        make_agent(
+            kind,
+            config,
+            data,
+            seed=config.seed,
+            protocol=config.agent_protocol,
+            tools=probe.tools,
+        )
         for kind in dict.fromkeys(config.agent)
     ]
     planless = _planless(data) if "oracle" in config.agent else set()
@@ -1116,6 +1155,8 @@ def _flags(config: BenchConfig) -> list[str]:
                     flags += [f"--world.{sub.name.replace('_', '-')}", str(sub_value)]
         elif isinstance(value, bool):
             flags.append(flag if value else f"--no-{f.name.replace('_', '-')}")
+        elif f.name == "tool":  # a repeated flag, one value each
+            flags += [part for spec in value for part in (flag, spec)]
         elif isinstance(value, tuple):
             flags += [flag, *map(str, value)]
         else:

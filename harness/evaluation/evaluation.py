@@ -401,7 +401,8 @@ def _step(episode: _Running, action: AgentAction) -> str | None:
     episode.n_tokens += action.n_tokens
     if action.finish_reason in ("context", "error"):
         return action.finish_reason
-    observation, _, terminated, truncated, info = episode.env.step(action.text)
+    step = action.text if action.call is None else action.call
+    observation, _, terminated, truncated, info = episode.env.step(step)
     episode.turns.append(
         TurnLog(
             action=action.text,

@@ -27,10 +27,11 @@ running loop (a notebook, an async server).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -49,12 +50,14 @@ __all__ = [
     "OpenAICompatBackend",
     "OpenAICompatClient",
     "TextCompletion",
+    "ToolCallReply",
 ]
 
 log = logging.getLogger(__name__)
 
-Message = Mapping[str, str]
-"""A chat message, `{"role": "user" | "assistant" | "system", "content": str}`."""
+Message = Mapping[str, Any]
+"""A chat message, `{"role": "user" | "assistant" | "system", "content": str}`; an assistant's
+may carry `tool_calls`, and a `"tool"` message answers one by its `tool_call_id`."""
 
 FinishReason = Literal["stop", "length", "eos"]
 
@@ -104,6 +107,17 @@ class EndpointConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ToolCallReply:
+    """One entry of a chat reply's `tool_calls`: a function the model calls."""
+
+    call_id: str
+    """The call's id (echoed back by the `tool` message that answers it)."""
+    name: str
+    arguments: str
+    """The arguments as the JSON text the model wrote (it may be malformed)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TextCompletion:
     """One generated continuation, as an HTTP endpoint returns it."""
 
@@ -120,6 +134,8 @@ class TextCompletion:
     n_prompt_tokens: int | None = None
     """From the reply's `usage`."""
     n_completion_tokens: int | None = None
+    tool_calls: tuple[ToolCallReply, ...] = ()
+    """A chat reply's native tool calls (when the request offered `tools`)."""
 
 
 class OpenAICompatClient:
@@ -224,14 +240,21 @@ class OpenAICompatClient:
         return _run_sync(self._completions(prompts, sampling, capture=True))
 
     def chat_each(
-        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
+        self,
+        conversations: Sequence[Sequence[Message]],
+        sampling: SamplingParams,
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> list[TextCompletion | EndpointRejected]:
         """`chat`, but a request the endpoint refuses gives its error in its place.
+
+        `tools` (OpenAI function schemas) are offered with every request; the replies'
+        `tool_calls` come back in `TextCompletion.tool_calls`.
 
         Raises:
             EndpointError: a request still failed after the retries.
         """
-        return _run_sync(self._chats(conversations, sampling, capture=True))
+        return _run_sync(self._chats(conversations, sampling, capture=True, tools=tools))
 
     async def acomplete(
         self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
@@ -257,12 +280,20 @@ class OpenAICompatClient:
         )
 
     async def _chats(
-        self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams, *, capture: bool
+        self,
+        conversations: Sequence[Sequence[Message]],
+        sampling: SamplingParams,
+        *,
+        capture: bool,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> list[TextCompletion | EndpointRejected]:
         bodies = [
             self._chat_body([dict(m) for m in messages], sampling, i)
             for i, messages in enumerate(conversations)
         ]
+        for body in bodies:
+            if tools:
+                body["tools"] = [dict(t) for t in tools]
         return await self._post_all(
             "/chat/completions", bodies, sampling, _parse_chat_choice, capture=capture
         )
@@ -300,7 +331,7 @@ class OpenAICompatClient:
         return body
 
     def _chat_body(
-        self, messages: list[dict[str, str]], sampling: SamplingParams, index: int
+        self, messages: list[dict[str, Any]], sampling: SamplingParams, index: int
     ) -> dict[str, Any]:
         body = self._common_body(sampling, index)
         body["messages"] = messages
@@ -472,12 +503,8 @@ def _parse_reply(
 
 def _with_usage(completion: TextCompletion, usage: Mapping[str, Any]) -> TextCompletion:
     prompt, generated = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return TextCompletion(
-        text=completion.text,
-        finish_reason=completion.finish_reason,
-        stop=completion.stop,
-        token_ids=completion.token_ids,
-        logprobs=completion.logprobs,
+    return replace(
+        completion,
         n_prompt_tokens=int(prompt) if prompt is not None else None,
         n_completion_tokens=int(generated) if generated is not None else None,
     )
@@ -517,6 +544,32 @@ def _parse_completion_choice(choice: dict[str, Any], sampling: SamplingParams) -
     )
 
 
+def _parse_tool_calls(entries: Any) -> tuple[ToolCallReply, ...]:
+    """A message's `tool_calls` (None: none); arguments sent as an object become JSON text.
+
+    Raises:
+        TypeError: `tool_calls` is not a list of objects with a `function` object.
+    """
+    if entries is None:
+        return ()
+    if not isinstance(entries, list):
+        raise TypeError(f"tool_calls is a {type(entries).__name__}, not a list")
+    calls = []
+    for i, entry in enumerate(entries):
+        function = entry.get("function") if isinstance(entry, dict) else None
+        if not isinstance(function, dict):
+            raise TypeError(f"tool_calls[{i}] has no function object")
+        arguments = function.get("arguments", "")
+        calls.append(
+            ToolCallReply(
+                call_id=str(entry.get("id") or f"call_{i}"),
+                name=str(function.get("name", "")),
+                arguments=arguments if isinstance(arguments, str) else json.dumps(arguments),
+            )
+        )
+    return tuple(calls)
+
+
 def _parse_chat_choice(choice: dict[str, Any], sampling: SamplingParams) -> TextCompletion:
     text = str(choice["message"].get("content") or "")
     finish, stop = _finish(choice, text, sampling)
@@ -530,6 +583,7 @@ def _parse_chat_choice(choice: dict[str, Any], sampling: SamplingParams) -> Text
         stop=stop,
         token_ids=tuple(int(t) for t in token_ids) if token_ids is not None else None,
         logprobs=logprobs,
+        tool_calls=_parse_tool_calls(choice["message"].get("tool_calls")),
     )
 
 

@@ -27,9 +27,10 @@ def train(argv: list[str]) -> int:
     `--resume` continues the run in `--run-dir` from its latest checkpoint with the config saved
     there; flags given on the command line override it (e.g. a larger `--steps`).
     """
-    from harness.training.config import TrainConfig, load_config
+    from harness.training.config import TrainConfig, load_config, tool_flags
     from harness.training.trainer import train as run_training
 
+    argv = tool_flags(argv)  # `--tool MODULE:CLASS`, repeatable: the env's tools next to search
     config = tyro.cli(TrainConfig, args=argv, prog="tracerl train")
     if config.resume:
         saved = dataclasses.replace(load_config(config.run_dir), resume=True)

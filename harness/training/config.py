@@ -63,6 +63,7 @@ __all__ = [
     "config_from_dict",
     "load_config",
     "renamed_flags",
+    "tool_flags",
 ]
 
 CONFIG_FILE = "config.json"
@@ -485,6 +486,25 @@ def renamed_flags(argv: Sequence[str], renamed: Mapping[str, str] = RENAMED_FLAG
             arg = new + eq + value
         out.append(arg)
     return out
+
+
+def tool_flags(argv: Sequence[str]) -> list[str]:
+    """`argv` with its `--tool MODULE:CLASS` flags (repeatable) as one `--task.env.tools`.
+
+    >>> tool_flags(["--tool", "a:A", "--steps", "2", "--tool=b:B"])
+    ['--steps', '2', '--task.env.tools', 'a:A', 'b:B']
+    """
+    out: list[str] = []
+    specs: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--tool":
+            specs.append(next(args, ""))  # a missing value: "" is refused as no MODULE:CLASS
+        elif arg.startswith("--tool="):
+            specs.append(arg.removeprefix("--tool="))
+        else:
+            out.append(arg)
+    return [*out, "--task.env.tools", *specs] if specs else out
 
 
 def config_from_dict(cls: type[Any], data: dict[str, Any]) -> Any:
