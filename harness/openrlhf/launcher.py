@@ -35,7 +35,7 @@ from typing import Any
 
 import tyro
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Refused
 from harness.openrlhf.config import TreeTrainConfig
 from harness.training.config import renamed_flags
 from harness.training.doctor import (
@@ -197,7 +197,7 @@ def check_openrlhf_args(args: Any) -> None:
     """Refuse OpenRLHF settings that cannot work with precomputed tree advantages.
 
     Raises:
-        HarnessError: listing every problem found, with what to do instead.
+        Refused: one reason per problem found, with what to do instead.
     """
     problems = []
     if not args.actor.model_name_or_path:
@@ -277,9 +277,7 @@ def check_openrlhf_args(args: Any) -> None:
             "make up a whole optimizer step (whose loss would divide by zero tokens)"
         )
     if problems:
-        raise HarnessError(
-            "OpenRLHF flags the tree trainer cannot use:\n- " + "\n- ".join(problems)
-        )
+        raise Refused("OpenRLHF flags the tree trainer cannot use", problems)
     if not args.vllm.enable_prefix_caching:
         log.warning(
             "--vllm.enable_prefix_caching is off: every fork recomputes its shared prefix; "
@@ -533,19 +531,19 @@ def _attention_heads(model: str) -> tuple[int, int] | None:
 
 
 def refuse_failures(checks: Sequence[Check], what: str) -> None:
-    """Log the warnings; raise one line that lists every failure with its fix.
+    """Log the warnings; raise one error that lists every failure with its fix, one line each.
 
     Raises:
-        HarnessError: at least one check failed.
+        Refused: at least one check failed.
     """
     for check in checks:
         if check.status == "warn":
             log.warning("%s", check.line())
     failed = [c for c in checks if c.status == "fail"]
     if failed:
-        raise HarnessError(
-            f"{what} would fail: "
-            + "; ".join(f"{c.name}: {c.detail}" + (f" -> {c.fix}" if c.fix else "") for c in failed)
+        raise Refused(
+            f"{what} would fail",
+            [f"{c.name}: {c.detail}" + (f" -> {c.fix}" if c.fix else "") for c in failed],
         )
 
 

@@ -86,7 +86,7 @@ def test_tensor_parallel_must_divide_the_gpus_per_node_and_the_heads(tmp_path):
     assert any("does not split" in f and "32 attention heads" in f for f in found)
 
 
-def test_failures_become_one_line_with_every_fix(tmp_path):
+def test_failures_become_one_error_with_a_line_per_failure_and_its_fix(tmp_path):
     config, args = parse_args(
         ["--retriever", "http://127.0.0.1:9", "--", "--actor.model_name_or_path", "/no/model",
          "--data.prompt_dataset", "/no/p.jsonl", "--vllm.num_engines", "1",
@@ -96,6 +96,9 @@ def test_failures_become_one_line_with_every_fix(tmp_path):
     dead = dataclasses.replace(Probes.local(), health=_refused)
     with pytest.raises(HarnessError) as info:
         refuse_failures(check_layout(config, args, dead), "the run's layout")
-    message = str(info.value)
-    assert "\n" not in message and message.startswith("the run's layout would fail: model:")
-    assert "retriever: no answer" in message and "data: --data.prompt_dataset" in message
+    header, *reasons = str(info.value).splitlines()
+    assert header == "the run's layout would fail:" and info.value.reasons == tuple(
+        r.removeprefix("- ") for r in reasons
+    )
+    assert [r.split(":")[0] for r in reasons] == ["- model", "- retriever", "- data"]
+    assert all(" -> " in r for r in reasons)  # each failure with its fix

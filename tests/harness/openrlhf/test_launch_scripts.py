@@ -138,11 +138,15 @@ def test_check_only_refuses_what_a_two_node_cluster_would(tmp_path):
         timeout=600,
     )
     assert done.returncode == 2
-    [line] = done.stderr.strip().splitlines()[-1:]
-    assert line.startswith("tracerl train: the run's layout would fail:")
-    assert f"--data.prompt_dataset {tmp_path}/missing/train.jsonl does not exist" in line
-    assert "http://127.0.0.1:8000 is a loopback address, but the run has 2 nodes" in line
-    assert "--vllm.tensor_parallel_size 3 does not divide the 8 GPUs per node" in line
+    lines = done.stderr.strip().splitlines()
+    reasons = lines[lines.index("tracerl train: the run's layout would fail:") + 1 :]
+    assert all(r.startswith("- ") for r in reasons)  # every failure, one line each
+    for fragment in (
+        f"--data.prompt_dataset {tmp_path}/missing/train.jsonl does not exist",
+        "http://127.0.0.1:8000 is a loopback address, but the run has 2 nodes",
+        "--vllm.tensor_parallel_size 3 does not divide the 8 GPUs per node",
+    ):
+        assert sum(fragment in r for r in reasons) == 1, (fragment, reasons)
 
 
 @pytest.mark.slow  # OpenRLHF's parser, then 3 tree steps of the tiny policy on CPU (1-2 min)
