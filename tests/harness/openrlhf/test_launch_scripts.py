@@ -221,8 +221,11 @@ def test_the_qwen3_launch_flags_pass_openrlhfs_parser_and_the_tree_checks(tmp_pa
     assert "Qwen/Qwen3-8B: Trace allocator" in done.stdout
     assert "256 prompts and 3072 leaves per step" in done.stdout
     assert "multiple of 512" in done.stdout and "4 vLLM engines x TP2" in done.stdout
-    # with SUBMIT_ADDRESS: checked here, and the submit it would make is printed
-    assert "would submit: ray job submit --address=http://head:8265" in done.stdout
+    # with SUBMIT_ADDRESS: checked here, and the submit it would make (the run) is printed
+    ray = Path(sys.executable).parent / "ray"
+    [submit] = [line for line in done.stdout.splitlines() if line.startswith("would submit: ")]
+    assert submit.startswith(f"would submit: {ray} job submit --address=http://head:8265")
+    assert "--check-only" not in submit
 
 
 @pytest.mark.slow  # imports OpenRLHF in a fresh interpreter (30-60 s here)
