@@ -44,6 +44,7 @@ from harness.training.doctor import (
     Target,
     check_model,
     check_retriever,
+    check_shared_disk,
     compare_nodes,
     is_loopback_url,
     node_report,
@@ -375,6 +376,7 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
             model=args.actor.model_name_or_path,
             retriever=config.retriever,
             nodes=args.actor.num_nodes,
+            shared_fs=config.shared_fs,
         )
     )
     strategy = get_strategy(args)
@@ -456,10 +458,11 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
 def check_layout(config: TreeTrainConfig, args: Any, probes: Probes | None = None) -> list[Check]:
     """Values, not only flags: what the cluster would refuse, found before anything starts.
 
-    The model and the prompt files exist (when they are local paths), the retriever is no
-    loopback address on several nodes and answers from here (a remote one that does not is a
-    warning: the trainer's node may reach what this machine cannot), and the vLLM tensor
-    parallel size divides the GPUs per node and the model's attention heads.
+    The model (with its weights) and the prompt files exist (when they are local paths), the
+    retriever is no loopback address on several nodes and answers from here (a remote one that
+    does not is a warning: the trainer's node may reach what this machine cannot), the folders
+    the run writes lie on a shared filesystem on several nodes, and the vLLM tensor parallel
+    size divides the GPUs per node and the model's attention heads.
 
     Args:
         config: trace-rl's flags.
@@ -490,6 +493,15 @@ def check_layout(config: TreeTrainConfig, args: Any, probes: Probes | None = Non
                     fix="python scripts/prepare_hotpotqa.py --out DIR (DATA=DIR in the script)",
                 )
             )
+    for flag, folder in (
+        ("--run-dir", config.run_dir),
+        ("--ckpt.path", args.ckpt.path),
+        ("--ckpt.output_dir", args.ckpt.output_dir),
+    ):
+        written = Target(checkpoint_dir=Path(folder), nodes=nodes, shared_fs=config.shared_fs)
+        shared = check_shared_disk(probes, written)
+        if shared.status in ("fail", "warn"):
+            checks.append(dataclasses.replace(shared, detail=f"{flag} {shared.detail}"))
     tp, per_node = int(args.vllm.tensor_parallel_size), int(args.actor.num_gpus_per_node)
     if per_node % tp:
         checks.append(
