@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import stat
 from pathlib import Path
 
@@ -61,13 +60,6 @@ def by_name(checks: list, name: str):  # type: ignore[no-untyped-def]
     return next(c for c in checks if c.name == name)
 
 
-def dead_url() -> str:
-    with socket.socket() as s:  # a port nothing listens on once this closes
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
-
-
 def test_a_ready_gpu_node_passes_every_toolchain_check(tmp_path):
     checks = run_checks(probes(gpu_box(tmp_path / "bin")), Target(require_gpu=True))
     for name in ("gcc", "ninja", "driver", "nvcc", "gpus"):
@@ -99,7 +91,9 @@ FAULTS = [
 @pytest.mark.parametrize(
     ("fault", "inject", "target", "name", "fix"), FAULTS, ids=[f[0] for f in FAULTS]
 )
-def test_each_fault_is_caught_with_its_one_line_fix(tmp_path, fault, inject, target, fix, name):
+def test_each_fault_is_caught_with_its_one_line_fix(
+    tmp_path, refused_port, fault, inject, target, fix, name
+):
     inject = dict(inject)
     folder = gpu_box(
         tmp_path / "bin", driver=inject.pop("driver", "580.65.06"), nvcc=inject.pop("nvcc", "13.0")
@@ -109,7 +103,7 @@ def test_each_fault_is_caught_with_its_one_line_fix(tmp_path, fault, inject, tar
     if "gcc" in inject:
         fake_bin(folder, "gcc", inject.pop("gcc"))
     if target.get("retriever") == "DEAD":
-        target = {**target, "retriever": dead_url()}
+        target = {**target, "retriever": f"http://127.0.0.1:{refused_port}"}
     checks = run_checks(probes(folder, **inject), Target(require_gpu=True, **target))
     failed = [c for c in checks if c.status == "fail"]
     assert [c.name for c in failed] == [name], format_report(checks)
