@@ -15,6 +15,7 @@ import pytest
 
 from benchmarks.cli import main
 from harness.training.doctor import (
+    Check,
     Probes,
     Target,
     compare_nodes,
@@ -116,7 +117,7 @@ def test_a_model_folder_without_its_weights_is_refused(tmp_path):
     (model / "config.json").write_text("{}")
     target = Target(model=str(model))
 
-    def check():  # type: ignore[no-untyped-def]
+    def check() -> Check:
         return by_name(run_checks(probes(tmp_path), target), "model")
 
     assert check().status == "fail" and "has config.json but no weights" in check().detail
