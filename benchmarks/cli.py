@@ -7,9 +7,10 @@ backend switch here); nothing below imports this module. Each package or room ke
 commands in its own `cli.py`; a command function takes the remaining argv and returns an exit
 code (or None for 0).
 
-`main` turns an error that escapes a command into one line on stderr: exit code 2 for bad input
-(a trace-rl typed error, a `ValueError`, an `OSError`, a `LookupError`, or a command's own
-`SystemExit` message), 1 for anything else. `-v` shows the traceback instead.
+`main` turns an error that escapes a command into one line on stderr (a `Refused` gets one
+more line per reason): exit code 2 for bad input (a trace-rl typed error, a `ValueError`, an
+`OSError`, a `LookupError`, or a command's own `SystemExit` message), 1 for anything else. `-v`
+shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import IO, cast
+
+from harness.errors import Refused
 
 __all__ = ["COMMANDS", "TRAINERS", "main"]
 
@@ -201,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:
         if level <= logging.DEBUG:
             raise
-        print(f"tracerl {name}: {error_line(err)}", file=sys.stderr)
+        print(f"tracerl {name}: {error_text(err)}", file=sys.stderr)
         if is_user_error(err):
             return _USAGE_ERROR
         print("(an internal error: rerun with -v for the traceback and report it)", file=sys.stderr)
@@ -218,6 +221,19 @@ def is_user_error(err: BaseException) -> bool:
     """
     own = type(err).__module__.split(".")[0] in _OWN_PACKAGES
     return own or isinstance(err, ValueError | OSError | LookupError)
+
+
+def error_text(err: BaseException) -> str:
+    """What the user reads of `err`: its first line, and every reason of a refusal below it.
+
+    >>> print(error_text(Refused("flags the trainer cannot use", ["--a is gone", "--b: no"])))
+    flags the trainer cannot use:
+    - --a is gone
+    - --b: no
+    """
+    if isinstance(err, Refused):  # each reason is a line for the user: all of them are kept
+        return str(err)
+    return error_line(err)
 
 
 def error_line(err: BaseException) -> str:

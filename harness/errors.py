@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "BackendUnavailable",
     "CheckpointError",
@@ -12,6 +14,7 @@ __all__ = [
     "HarnessError",
     "MalformedReply",
     "RankMismatchError",
+    "Refused",
     "ResumeError",
     "RolloutError",
     "RunAborted",
@@ -64,3 +67,20 @@ class RankMismatchError(HarnessError, RuntimeError):
 
 class RunAborted(HarnessError, RuntimeError):
     """A run stopped itself: too many of its episodes failed step after step (a dead retriever)."""
+
+
+class Refused(HarnessError, ValueError):
+    """Input refused for several reasons at once: a header, then one line per reason.
+
+    `tracerl` prints every reason, one line each (other errors keep only their first line), so
+    a refusal that lists five problems shows all five.
+    """
+
+    def __init__(self, header: str, reasons: Sequence[str]) -> None:
+        self.header = header
+        self.reasons = tuple(reasons)
+        super().__init__("\n".join([f"{header}:", *(f"- {r}" for r in self.reasons)]))
+
+    def __reduce__(self) -> tuple[type[Refused], tuple[str, tuple[str, ...]]]:
+        # pickled by its own arguments: a Ray task's error travels back whole
+        return type(self), (self.header, self.reasons)

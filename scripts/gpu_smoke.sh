@@ -122,8 +122,15 @@ timeout "$TIMEOUT_S" "$PYTHON" -m benchmarks.cli train --backend openrlhf \
 code=$?
 elapsed=$(($(date +%s) - START))
 [[ $code -eq 124 ]] && fail "timed out after ${TIMEOUT_S} s (raise TIMEOUT_S)"
+# the log's last error line, with a refusal's reasons (the "- " lines under it) joined on
+last_error() {
+  awk '/^[A-Za-z_.]*(Error|Exception)([^A-Za-z0-9_]|$)|^tracerl train: / {last = $0; open = 1; next}
+       open && /^- / {last = last " " $0; next}
+       {open = 0}
+       END {print last}' "$RUN/smoke.log"
+}
 [[ $code -ne 0 ]] &&
-  fail "tracerl train exited with code $code: $(grep -E '^[A-Za-z_.]*(Error|Exception)\b|^tracerl train: ' "$RUN/smoke.log" | tail -1) (if it failed in attention on Hopper: VLLM_FLASH_ATTN_VERSION=2)"
+  fail "tracerl train exited with code $code: $(last_error) (if it failed in attention on Hopper: VLLM_FLASH_ATTN_VERSION=2)"
 if [[ -n "$CHECK_ONLY" ]]; then
   grep -m1 "vLLM engines" "$RUN/smoke.log"
   grep "^rehearsal" "$RUN/smoke.log"

@@ -18,6 +18,7 @@
 #   MODEL=/shared/models/Qwen3-8B bash scripts/train_qwen3_8b_hotpotqa.sh
 # Check every flag and value (paths, retriever, TP) without starting anything (works on CPU):
 #   bash scripts/train_qwen3_8b_hotpotqa.sh --check-only
+# `tracerl` comes from VENV if set, else the activated venv, else the repository's .venv.
 # Multi-node (here 2 x 8 GPUs): `ray start` from the activated venv on every node, then on the
 # head, from the repository root (with --check-only: checked here, and the submit printed):
 #   NODES=2 SUBMIT_ADDRESS=http://HEAD:8265 RETRIEVER=http://HEAD_IP:8000 \
@@ -31,6 +32,16 @@
 # Arguments given to this script go before `--`: trace-rl flags (`tracerl train --backend
 # openrlhf --help`), or OpenRLHF flags, which then override the ones below.
 set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# the venv's own tracerl (and ray), whether or not a venv is activated: Ray's entrypoint and a
+# shell without `source .venv/bin/activate` find no `tracerl` on PATH
+VENV=${VENV:-${VIRTUAL_ENV:-$ROOT/.venv}}
+TRACERL=$VENV/bin/tracerl
+if [[ ! -x "$TRACERL" ]]; then
+  echo "$0: no tracerl in the venv $VENV ($TRACERL is missing): run \`make install-gpu\`" \
+    "(\`make install\` for --check-only on CPU) in $ROOT, or set VENV to the venv that has it" >&2
+  exit 1
+fi
 
 # Every path is made absolute against the directory the script is started from: Ray places the
 # trainer and the model actors on any node, in a working directory of its own, where a relative
@@ -89,16 +100,32 @@ OPENRLHF_ARGS=(
 )
 
 # shellcheck disable=SC2206  # ALLOC_ARGS is a word list on purpose
-COMMAND=(tracerl train --backend openrlhf "${TRACE_ARGS[@]}" "$@" $ALLOC_ARGS -- "${OPENRLHF_ARGS[@]}")
+COMMAND=("$TRACERL" train --backend openrlhf "${TRACE_ARGS[@]}" "$@" $ALLOC_ARGS -- "${OPENRLHF_ARGS[@]}")
 if [[ -n "${SUBMIT_ADDRESS:-}" ]]; then
   # The entrypoint runs on the head node, in a working directory of Ray's: every path above is
   # absolute, `tracerl` is this venv's (the same repository path on every node), and the job's
   # runtime env carries what every worker needs. DATA, RUN and CKPT must be paths every node
   # can read and write (a shared filesystem), because Ray places the model actors anywhere.
   RUNTIME_ENV="{\"env_vars\": {\"HF_HUB_OFFLINE\": \"${HF_HUB_OFFLINE:-0}\", \"VLLM_NO_USAGE_STATS\": \"1\"}}"
-  TRACERL=$(command -v tracerl || echo tracerl)
-  SUBMIT=(ray job submit --address="$SUBMIT_ADDRESS" --runtime-env-json="$RUNTIME_ENV" --
-    "$TRACERL" "${COMMAND[@]:1}")
+  # the job runs the run: this script's arguments without the check-only ones, so the printed
+  # submit line, pasted, starts training
+  RUN_ARGS=()
+  skip=0
+  for arg in "$@"; do
+    if ((skip)); then
+      skip=0
+      continue
+    fi
+    case "$arg" in
+      --check-only | --rehearse-steps=*) ;;
+      --rehearse-steps) skip=1 ;;
+      *) RUN_ARGS+=("$arg") ;;
+    esac
+  done
+  # shellcheck disable=SC2206  # ALLOC_ARGS is a word list on purpose
+  SUBMIT=("$VENV/bin/ray" job submit --address="$SUBMIT_ADDRESS" --runtime-env-json="$RUNTIME_ENV"
+    -- "$TRACERL" train --backend openrlhf "${TRACE_ARGS[@]}" "${RUN_ARGS[@]}" $ALLOC_ARGS
+    -- "${OPENRLHF_ARGS[@]}")
   if [[ " $* " == *" --check-only "* ]]; then
     # checked here, on this machine: a submit would only start the check on the head
     "${COMMAND[@]}" || exit $?

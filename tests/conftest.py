@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,20 @@ settings.register_profile(
 )
 settings.register_profile("thorough", max_examples=10_000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 that refuses connections, held for the test's length.
+
+    The OS gives it (port 0) and the socket stays bound, never listening: a connection gets
+    ECONNREFUSED, and no other test worker can bind it meanwhile. A port found free and then
+    released can be taken by another worker before the test uses it (pytest-xdist).
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
+
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The real dev samples live beside the repository, in the steering repo's shared/ folder; a

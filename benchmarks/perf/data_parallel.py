@@ -62,6 +62,8 @@ COMPARED = ("loss/policy", "loss/kl", "policy/entropy", "policy/clip_ratio", "po
             "policy/update_norm")  # fmt: skip
 """The per-step metrics compared between the runs (the gradient norm is reported apart)."""
 
+RENDEZVOUS_VARIABLES = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
+"""torch.distributed's rendezvous, which a launched run (torchrun, or one process) makes anew."""
 LR = 1e-2
 VOCAB = 50
 
@@ -201,7 +203,8 @@ def worker(args: Args) -> None:
 
 
 def _launch(command: list[str], args: Args) -> float:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # the launched run makes its own rendezvous: none of this process's may leak into it
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_VARIABLES}
     env["OMP_NUM_THREADS"] = "1"
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout_s)

@@ -102,6 +102,10 @@ class TreeTrainConfig:
     share of the weights to host memory before the step (about 2 GB per rank for an 8B model in
     bf16 over 8 ranks) and the ranks all-reduce the squared changes, so it is opt-in. The
     optimizer steps taken (`policy/optimizer_steps`) are always logged."""
+    shared_fs: tuple[str, ...] = ()
+    """Filesystem types to count as shared besides the known network and cluster ones (NFS,
+    Lustre, GPFS, ...): with several nodes, `--run-dir`, `--ckpt.path` and `--ckpt.output_dir`
+    must lie on one (`harness.training.doctor.SHARED_FS_TYPES`)."""
     check_only: bool = False
     """Parse and check every flag (ours and OpenRLHF's), print the run's size, start nothing."""
     rehearse_steps: int = 0

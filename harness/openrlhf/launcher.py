@@ -35,7 +35,7 @@ from typing import Any
 
 import tyro
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, Refused
 from harness.openrlhf.config import TreeTrainConfig
 from harness.training.config import renamed_flags
 from harness.training.doctor import (
@@ -44,6 +44,7 @@ from harness.training.doctor import (
     Target,
     check_model,
     check_retriever,
+    check_shared_disk,
     compare_nodes,
     is_loopback_url,
     node_report,
@@ -197,7 +198,7 @@ def check_openrlhf_args(args: Any) -> None:
     """Refuse OpenRLHF settings that cannot work with precomputed tree advantages.
 
     Raises:
-        HarnessError: listing every problem found, with what to do instead.
+        Refused: one reason per problem found, with what to do instead.
     """
     problems = []
     if not args.actor.model_name_or_path:
@@ -277,9 +278,7 @@ def check_openrlhf_args(args: Any) -> None:
             "make up a whole optimizer step (whose loss would divide by zero tokens)"
         )
     if problems:
-        raise HarnessError(
-            "OpenRLHF flags the tree trainer cannot use:\n- " + "\n- ".join(problems)
-        )
+        raise Refused("OpenRLHF flags the tree trainer cannot use", problems)
     if not args.vllm.enable_prefix_caching:
         log.warning(
             "--vllm.enable_prefix_caching is off: every fork recomputes its shared prefix; "
@@ -377,6 +376,7 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
             model=args.actor.model_name_or_path,
             retriever=config.retriever,
             nodes=args.actor.num_nodes,
+            shared_fs=config.shared_fs,
         )
     )
     strategy = get_strategy(args)
@@ -458,10 +458,11 @@ def launch(config: TreeTrainConfig, args: Any) -> None:
 def check_layout(config: TreeTrainConfig, args: Any, probes: Probes | None = None) -> list[Check]:
     """Values, not only flags: what the cluster would refuse, found before anything starts.
 
-    The model and the prompt files exist (when they are local paths), the retriever is no
-    loopback address on several nodes and answers from here (a remote one that does not is a
-    warning: the trainer's node may reach what this machine cannot), and the vLLM tensor
-    parallel size divides the GPUs per node and the model's attention heads.
+    The model (with its weights) and the prompt files exist (when they are local paths), the
+    retriever is no loopback address on several nodes and answers from here (a remote one that
+    does not is a warning: the trainer's node may reach what this machine cannot), the folders
+    the run writes lie on a shared filesystem on several nodes, and the vLLM tensor parallel
+    size divides the GPUs per node and the model's attention heads.
 
     Args:
         config: trace-rl's flags.
@@ -492,6 +493,15 @@ def check_layout(config: TreeTrainConfig, args: Any, probes: Probes | None = Non
                     fix="python scripts/prepare_hotpotqa.py --out DIR (DATA=DIR in the script)",
                 )
             )
+    for flag, folder in (
+        ("--run-dir", config.run_dir),
+        ("--ckpt.path", args.ckpt.path),
+        ("--ckpt.output_dir", args.ckpt.output_dir),
+    ):
+        written = Target(checkpoint_dir=Path(folder), nodes=nodes, shared_fs=config.shared_fs)
+        shared = check_shared_disk(probes, written)
+        if shared.status in ("fail", "warn"):
+            checks.append(dataclasses.replace(shared, detail=f"{flag} {shared.detail}"))
     tp, per_node = int(args.vllm.tensor_parallel_size), int(args.actor.num_gpus_per_node)
     if per_node % tp:
         checks.append(
@@ -533,19 +543,19 @@ def _attention_heads(model: str) -> tuple[int, int] | None:
 
 
 def refuse_failures(checks: Sequence[Check], what: str) -> None:
-    """Log the warnings; raise one line that lists every failure with its fix.
+    """Log the warnings; raise one error that lists every failure with its fix, one line each.
 
     Raises:
-        HarnessError: at least one check failed.
+        Refused: at least one check failed.
     """
     for check in checks:
         if check.status == "warn":
             log.warning("%s", check.line())
     failed = [c for c in checks if c.status == "fail"]
     if failed:
-        raise HarnessError(
-            f"{what} would fail: "
-            + "; ".join(f"{c.name}: {c.detail}" + (f" -> {c.fix}" if c.fix else "") for c in failed)
+        raise Refused(
+            f"{what} would fail",
+            [f"{c.name}: {c.detail}" + (f" -> {c.fix}" if c.fix else "") for c in failed],
         )
 
 

@@ -4,9 +4,9 @@ A first cluster run fails late and far from its cause when the box is not ready:
 for torch's CUDA makes torch see no GPU, a CUDA 12 `nvcc` stops the flash-attn and FusedAdam
 builds, a `ninja` off `PATH` makes them serial or impossible, a loopback retriever on a 2-node
 run trains nothing. Each check here is a small function of injected `Probes` (a `which`, a
-command's output, the environment, the Python version, the free disk, a `/health` call), so tests
-put fake binaries on `PATH` and fake values in, and one `Check` comes back: its status and, when
-it is not ok, one line that names the fix.
+command's output, the environment, the Python version, the free disk, the mount table, a
+`/health` call), so tests put fake binaries on `PATH` and fake values in, and one `Check` comes
+back: its status and, when it is not ok, one line that names the fix.
 
 On a machine without a GPU the GPU checks are skipped with "no GPU" (a failure with
 `require_gpu`, as `make install-gpu`, the smoke and the launcher ask). `node_report` and
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import ipaddress
+import json
 import os
 import platform
 import re
@@ -34,12 +35,15 @@ from urllib.parse import urlsplit
 
 __all__ = [
     "MIN_DRIVER",
+    "SHARED_FS_TYPES",
     "Check",
+    "Mount",
     "Probes",
     "Target",
     "compare_nodes",
     "format_report",
     "is_loopback_url",
+    "mount_of",
     "node_report",
     "run_checks",
 ]
@@ -55,6 +59,18 @@ MIN_PYTHON = (3, 11)  # tomllib (scripts/gpu_pin.py) and the project's own floor
 MIN_GCC = 10  # DeepSpeed compiles with -std=c++20 against torch >= 2.12
 BUSY_GPU_SHARE = 0.1  # a GPU with more memory in use than this is held by another process
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+SHARED_FS_TYPES = frozenset(
+    {
+        *("nfs", "nfs4", "cifs", "smb3", "smbfs", "afs"),  # network filesystems
+        *("lustre", "gpfs", "beegfs", "panfs", "wekafs", "orangefs", "ceph", "glusterfs"),
+        *("fuse.ceph-fuse", "fuse.glusterfs", "fuse.juicefs", "fuse.sshfs"),  # their FUSE clients
+    }
+)
+"""Filesystem types (`/proc/mounts`' third field) that every node of a cluster can mount as one
+filesystem. Any other type (ext4, xfs, overlay, tmpfs, ...) is taken as this node's own disk;
+`Target.shared_fs` (`--shared-fs TYPE`) adds a type."""
+WEIGHT_FILES = ("*.safetensors", "*.bin")
+"""A model folder holds its weights in files like these (or names them in a `*.index.json`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +109,11 @@ class Target:
     index_id: str | None = None
     """The index id the retriever's `/health` must report (unset: any)."""
     nodes: int = 1
-    """Nodes of the run: with more than one, a loopback retriever URL is refused."""
+    """Nodes of the run: with more than one, a loopback retriever URL is refused, and so is a
+    checkpoint folder on this node's own disk."""
+    shared_fs: tuple[str, ...] = ()
+    """Filesystem types to count as shared besides the known network and cluster ones
+    (`SHARED_FS_TYPES`: NFS, Lustre, GPFS, BeeGFS, CephFS, ...): `--shared-fs TYPE` for yours."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -116,6 +136,8 @@ class Probes:
     which: Callable[[str], str | None] = field(default=lambda name: None)
     output: Callable[[Sequence[str]], str | None] = field(default=lambda argv: None)
     """A command's stdout, or None when it is missing, fails or hangs."""
+    mounts: Callable[[], str | None] = field(default=lambda: None)
+    """The mount table (`/proc/mounts`' text), or None where there is none (macOS)."""
 
     @classmethod
     def local(cls, environ: Mapping[str, str] | None = None) -> Probes:
@@ -149,7 +171,57 @@ class Probes:
             health=_health,
             which=which,
             output=output,
+            mounts=_proc_mounts,
         )
+
+
+def _proc_mounts() -> str | None:
+    try:
+        return Path("/proc/mounts").read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    """One line of the mount table: where a filesystem is mounted and its type."""
+
+    point: Path
+    fstype: str
+
+    def __str__(self) -> str:
+        return f"{self.point} ({self.fstype})"
+
+
+def mount_of(path: Path, table: str) -> Mount | None:
+    """The mount that holds `path` (absolute, symlinks resolved), or None.
+
+    The deepest mount point above it wins, and the last one listed where several share a point
+    (a later mount hides an earlier one).
+
+    >>> mount_of(Path("/shared/runs"), "/dev/sda1 / ext4 rw 0 0\\nsrv:/x /shared nfs4 rw 0 0")
+    Mount(point=PosixPath('/shared'), fstype='nfs4')
+    """
+    found: Mount | None = None
+    for line in table.splitlines():
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # the table writes a space in a path as \040 (octal escapes)
+        point = Path(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]))
+        if (point == path or point in path.parents) and (
+            found is None or len(point.parts) >= len(found.point.parts)
+        ):
+            found = Mount(point, fields[2])
+    return found
+
+
+def _nearest_existing(path: Path) -> Path:
+    """`path` made absolute, or its nearest existing parent, with symlinks resolved."""
+    where = path.absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    return where.resolve()
 
 
 def _torch_cuda() -> str | None:
@@ -330,19 +402,66 @@ def check_gpus(p: Probes, t: Target) -> Check:
 
 
 def check_disk(p: Probes, t: Target) -> Check:
-    """Free disk at the checkpoint path (its nearest existing folder)."""
-    where = t.checkpoint_dir.absolute()
-    while not where.exists() and where != where.parent:
-        where = where.parent
+    """Free disk on the mount that holds the checkpoint folder; a missing folder is named.
+
+    A folder that does not exist yet is a warning (a fresh run creates it), which says which
+    mount would hold it: `/shared/runs` on an unmounted `/shared` would land on `/`.
+    """
+    folder = t.checkpoint_dir.absolute()
+    where = _nearest_existing(folder)
+    table = p.mounts()
+    mount = mount_of(where, table) if table is not None else None
     free_gb = p.disk_free(where) / 1e9
+    free = f"{free_gb:.0f} GB free on {mount or where}"
+    if folder.exists():
+        detail = f"{free}, which holds {folder}"
+    else:
+        detail = f"{folder} does not exist; {free}, which would hold it"
     if free_gb < t.min_disk_gb:
         return Check(
             name="disk",
             status="fail",
-            detail=f"{free_gb:.0f} GB free at {where}, the run needs {t.min_disk_gb:.0f} GB",
-            fix="free space there, or point the checkpoints (CKPT, RUN) at a larger volume",
+            detail=f"{detail}; the run needs {t.min_disk_gb:.0f} GB",
+            fix="free space there, or point the checkpoints (CKPT, RUN) at a larger volume"
+            + ("" if folder.exists() else " (is the volume meant for them mounted?)"),
         )
-    return Check(name="disk", status="ok", detail=f"{free_gb:.0f} GB free at {where}")
+    if not folder.exists():
+        return Check(
+            name="disk",
+            status="warn",
+            detail=detail,
+            fix=f"mount the volume meant for checkpoints, or `mkdir -p {folder}` on it",
+        )
+    return Check(name="disk", status="ok", detail=detail)
+
+
+def check_shared_disk(p: Probes, t: Target) -> Check:
+    """With several nodes, the checkpoint folder is on a filesystem that every node mounts.
+
+    ZeRO-3 ranks on every node write their shards into one checkpoint folder and read them all
+    back on resume: on a node's own disk each node would hold only its own ranks' shards.
+    """
+    if t.nodes < 2:
+        return Check(name="shared disk", status="skip", detail="one node")
+    folder = t.checkpoint_dir.absolute()
+    table = p.mounts()
+    mount = mount_of(_nearest_existing(folder), table) if table is not None else None
+    if mount is None:
+        return Check(
+            name="shared disk",
+            status="warn",
+            detail=f"no mount table here: whether {folder} is shared is not checked",
+        )
+    if mount.fstype in SHARED_FS_TYPES or mount.fstype in t.shared_fs:
+        return Check(name="shared disk", status="ok", detail=f"{folder} is on {mount}")
+    return Check(
+        name="shared disk",
+        status="fail",
+        detail=f"{folder} is on {mount}, this node's own disk, but the run has {t.nodes} "
+        "nodes: each node's ranks would write their checkpoint shards to their own disk",
+        fix="put RUN and CKPT on a filesystem every node mounts (NFS, Lustre, ...); if "
+        f"{mount.fstype} is one, pass --shared-fs {mount.fstype}",
+    )
 
 
 def check_ray(p: Probes, t: Target) -> Check:
@@ -373,6 +492,15 @@ def check_model(p: Probes, t: Target) -> Check:
                 detail=f"{path} has no config.json",
                 fix="point MODEL at the model's folder (the one holding config.json)",
             )
+        missing = _missing_weights(path)
+        if missing:
+            return Check(
+                name="model",
+                status="fail",
+                detail=f"{path} {missing}",
+                fix=f"download the whole model (`hf download ID --local-dir {path}`) or point "
+                "MODEL at a folder that holds its weights",
+            )
         return Check(name="model", status="ok", detail=f"{path.absolute()}")
     if _HUB_ID.fullmatch(t.model) and not t.model.startswith("."):
         offline = p.environ.get("HF_HUB_OFFLINE", "") in ("1", "true", "True")
@@ -394,6 +522,25 @@ def check_model(p: Probes, t: Target) -> Check:
         detail=f"{t.model} does not exist",
         fix="pass MODEL=a folder every node can read (a shared filesystem)",
     )
+
+
+def _missing_weights(folder: Path) -> str | None:
+    """What is missing of a model folder's weights (None: they are all there)."""
+    indexes = sorted(folder.glob("*.index.json"))
+    for index in indexes:  # a sharded model: every shard its index names
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as err:
+            return f"has an unreadable {index.name} ({type(err).__name__}: {err})"
+        absent = sorted(s for s in shards if not (folder / s).is_file())
+        if absent:
+            return (
+                f"lacks {len(absent)} of the {len(shards)} shards {index.name} names "
+                f"({absent[0]}, ...)"
+            )
+    if indexes or any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        return None
+    return "has config.json but no weights (no *.safetensors, *.bin or *.index.json)"
 
 
 def check_data(p: Probes, t: Target) -> Check:
@@ -476,6 +623,7 @@ TOOLCHAIN: tuple[Callable[[Probes, Target], Check], ...] = (
 them before the long builds)."""
 CHECKS: tuple[Callable[[Probes, Target], Check], ...] = (
     *TOOLCHAIN,
+    check_shared_disk,
     check_ray,
     check_model,
     check_data,

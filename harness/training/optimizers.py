@@ -17,9 +17,9 @@ micro-batches with `backward`, and apply one update with `step`:
 Gradients are *averaged* over ranks, as in DDP and DeepSpeed; the trainer multiplies its loss by
 the world size (OpenRLHF's `dp_size`) so that the averaged gradient is the global token mean's.
 
-DeepSpeed reads its rendezvous from `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `LOCAL_RANK` and
-`WORLD_SIZE` (torchrun sets them); `DeepSpeedOptimizer` sets the ones that are unset to a
-one-process, loopback group (a free port on 127.0.0.1).
+Under torchrun, DeepSpeed reads its rendezvous from `MASTER_ADDR`, `MASTER_PORT`, `RANK`,
+`LOCAL_RANK` and `WORLD_SIZE`. In one process, `DeepSpeedOptimizer` starts a one-process gloo
+group on an in-process store instead: no port to choose, none to race for.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from __future__ import annotations
 import enum
 import logging
 import os
-import socket
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
@@ -198,9 +197,12 @@ class DeepSpeedOptimizer:
                 "--optim.backend deepspeed needs deepspeed: pip install 'trace-rl[train]' "
                 "(DS_BUILD_OPS=0 keeps the install from compiling CUDA ops)"
             ) from err
-        _single_process_rendezvous()
         if not torch.distributed.is_initialized():
-            deepspeed.init_distributed(dist_backend="gloo")
+            if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # a launcher's rendezvous (env://)
+                deepspeed.init_distributed(dist_backend="gloo")
+            else:
+                _one_process_group()
+        os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed's engine reads it
         config = {
             "train_micro_batch_size_per_gpu": 1,
             "gradient_accumulation_steps": 1,
@@ -314,15 +316,16 @@ def _plain(value: Any) -> bool:
     return False
 
 
-def _single_process_rendezvous() -> None:
-    """Point torch.distributed at a one-process group on loopback, unless one is set up."""
-    if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    for key, value in (("MASTER_ADDR", "127.0.0.1"), ("RANK", "0"), ("LOCAL_RANK", "0")):
-        os.environ.setdefault(key, value)
-    os.environ.setdefault("WORLD_SIZE", "1")
+def _one_process_group() -> None:
+    """A one-process gloo group whose store lives in this process; DeepSpeed adopts it.
+
+    It binds no rendezvous port: a port picked free and bound later can be taken in between by
+    another process (two test workers), and a `MASTER_PORT` written into `os.environ` was
+    inherited by child processes, which then bound the port this process's store still held
+    (EADDRINUSE).
+    """
+    store = torch.distributed.HashStore()
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
 
 
 def make_optimizer(

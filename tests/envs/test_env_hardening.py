@@ -34,14 +34,10 @@ def test_reading_the_seed_after_restore_keeps_the_random_stream():
         assert restored.reset()[1] == original.reset()[1], seed
 
 
-def _dead_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def test_reset_and_snapshot_with_the_server_down_raise_the_typed_error_and_change_nothing():
-    env = _env(HTTPRetriever(_dead_url(), max_attempts=1))
+def test_reset_and_snapshot_with_the_server_down_raise_the_typed_error_and_change_nothing(
+    refused_port,
+):
+    env = _env(HTTPRetriever(f"http://127.0.0.1:{refused_port}", max_attempts=1))
     for call in (lambda: env.reset(seed=3), env.snapshot):
         with pytest.raises(RetrievalFailedError) as info:
             call()

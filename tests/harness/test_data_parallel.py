@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.perf.data_parallel import RENDEZVOUS_VARIABLES
 from harness.errors import ResumeError
 from harness.training.distributed import Ranks, ShardedExecutor, check_same_across_ranks, deal
 from harness.training.trainer import _rank_engine_rng
@@ -80,7 +81,8 @@ def test_one_rank_checks_nothing_and_a_checkpoint_of_another_world_size_is_refus
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # torchrun makes its own rendezvous: an inherited MASTER_PORT would point at this process's
+    env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_VARIABLES}
     return env | {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import socket
 import stat
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from benchmarks.cli import main
 from harness.training.doctor import (
+    Check,
     Probes,
     Target,
     compare_nodes,
@@ -47,20 +47,18 @@ def gpu_box(folder: Path, *, driver: str = "580.65.06", nvcc: str = "13.0") -> P
     return folder
 
 
+SHARED_ROOT = "srv:/export / nfs4 rw 0 0"
+"""A mount table in which everything is on NFS: the checks do not depend on this machine's disks."""
+
+
 def probes(path: Path, *, torch_cuda: str | None = "13.0", **changes: object) -> Probes:
     base = Probes.local({"PATH": str(path)})
+    changes = {"mounts": lambda: SHARED_ROOT, **changes}
     return dataclasses.replace(base, torch_cuda=lambda: torch_cuda, **changes)  # type: ignore[arg-type]
 
 
 def by_name(checks: list, name: str):  # type: ignore[no-untyped-def]
     return next(c for c in checks if c.name == name)
-
-
-def dead_url() -> str:
-    with socket.socket() as s:  # a port nothing listens on once this closes
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}"
 
 
 def test_a_ready_gpu_node_passes_every_toolchain_check(tmp_path):
@@ -94,7 +92,9 @@ FAULTS = [
 @pytest.mark.parametrize(
     ("fault", "inject", "target", "name", "fix"), FAULTS, ids=[f[0] for f in FAULTS]
 )
-def test_each_fault_is_caught_with_its_one_line_fix(tmp_path, fault, inject, target, fix, name):
+def test_each_fault_is_caught_with_its_one_line_fix(
+    tmp_path, refused_port, fault, inject, target, fix, name
+):
     inject = dict(inject)
     folder = gpu_box(
         tmp_path / "bin", driver=inject.pop("driver", "580.65.06"), nvcc=inject.pop("nvcc", "13.0")
@@ -104,11 +104,86 @@ def test_each_fault_is_caught_with_its_one_line_fix(tmp_path, fault, inject, tar
     if "gcc" in inject:
         fake_bin(folder, "gcc", inject.pop("gcc"))
     if target.get("retriever") == "DEAD":
-        target = {**target, "retriever": dead_url()}
+        target = {**target, "retriever": f"http://127.0.0.1:{refused_port}"}
     checks = run_checks(probes(folder, **inject), Target(require_gpu=True, **target))
     failed = [c for c in checks if c.status == "fail"]
     assert [c.name for c in failed] == [name], format_report(checks)
     assert fix in failed[0].fix and "\n" not in failed[0].line()
+
+
+def test_a_model_folder_without_its_weights_is_refused(tmp_path):
+    model = tmp_path / "Qwen3-8B"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    target = Target(model=str(model))
+
+    def check() -> Check:
+        return by_name(run_checks(probes(tmp_path), target), "model")
+
+    assert check().status == "fail" and "has config.json but no weights" in check().detail
+    assert f"hf download ID --local-dir {model}" in check().fix
+    shards = {f"model-0000{i}-of-00002.safetensors" for i in (1, 2)}
+    weight_map = {f"layer.{i}": name for i, name in enumerate(sorted(shards))}
+    (model / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (model / "model-00001-of-00002.safetensors").touch()
+    assert check().status == "fail" and "lacks 1 of the 2 shards" in check().detail
+    assert "model-00002-of-00002.safetensors" in check().detail
+    (model / "model-00002-of-00002.safetensors").touch()
+    assert check().status == "ok"
+    unsharded = tmp_path / "tiny"
+    unsharded.mkdir()
+    (unsharded / "config.json").write_text("{}")
+    (unsharded / "pytorch_model.bin").touch()
+    assert (
+        by_name(run_checks(probes(tmp_path), Target(model=str(unsharded))), "model").status == "ok"
+    )
+
+
+def _table(*mounts: tuple[Path | str, str]) -> str:
+    """A /proc/mounts text: `/` on ext4, then each (point, type), a space written as \\040."""
+    lines = ["/dev/sda1 / ext4 rw 0 0"]
+    lines += [
+        f"dev {str(point).replace(' ', chr(92) + '040')} {kind} rw 0 0" for point, kind in mounts
+    ]
+    return "\n".join(lines)
+
+
+def test_the_disk_check_names_the_mount_that_holds_the_checkpoints_and_a_missing_folder(tmp_path):
+    shared = tmp_path / "shared dir"
+    (shared / "runs").mkdir(parents=True)
+    box = probes(tmp_path, mounts=lambda: _table((shared, "nfs4")), disk_free=lambda p: 600e9)
+    disk = by_name(run_checks(box, Target(checkpoint_dir=shared / "runs")), "disk")
+    assert (disk.status, disk.detail) == (
+        "ok", f"600 GB free on {shared} (nfs4), which holds {shared / 'runs'}"
+    )  # fmt: skip
+    # the shared volume is not mounted: its folder is missing, and what would hold it is `/`
+    gone = tmp_path / "absent" / "runs"
+    disk = by_name(run_checks(box, Target(checkpoint_dir=gone)), "disk")
+    assert disk.status == "warn" and disk.detail.startswith(f"{gone} does not exist; ")
+    assert f"on {tmp_path.resolve().anchor} (ext4), which would hold it" in disk.detail
+    small = by_name(run_checks(box, Target(checkpoint_dir=gone, min_disk_gb=700)), "disk")
+    assert small.status == "fail" and "does not exist" in small.detail
+    assert "the run needs 700 GB" in small.detail and "mounted" in small.fix
+
+
+def test_several_nodes_refuse_a_checkpoint_folder_on_this_nodes_own_disk(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    table = _table((shared, "lustre"))
+    local = Target(checkpoint_dir=tmp_path / "runs", nodes=2)
+    found = by_name(run_checks(probes(tmp_path, mounts=lambda: table), local), "shared disk")
+    assert found.status == "fail" and "on / (ext4), this node's own disk" in found.detail
+    assert "--shared-fs ext4" in found.fix and "\n" not in found.line()
+    ok = [
+        dataclasses.replace(local, checkpoint_dir=shared / "runs" / "ckpt"),  # not made yet
+        dataclasses.replace(local, shared_fs=("ext4",)),  # the override
+        dataclasses.replace(local, nodes=1),
+    ]
+    statuses = [by_name(run_checks(probes(tmp_path, mounts=lambda: table), t), "shared disk").status
+                for t in ok]  # fmt: skip
+    assert statuses == ["ok", "ok", "skip"]
+    blind = by_name(run_checks(probes(tmp_path, mounts=lambda: None), local), "shared disk")
+    assert blind.status == "warn" and "no mount table" in blind.detail
 
 
 def test_a_hub_model_id_is_a_warning_that_names_the_local_copy(tmp_path):

@@ -279,11 +279,8 @@ def test_timeouts_are_retried_then_reported(server, fake) -> None:
     assert len(fake.requests) == 2
 
 
-def test_connection_refused_is_an_endpoint_error() -> None:
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()  # nothing listens there now
+def test_connection_refused_is_an_endpoint_error(refused_port: int) -> None:
+    port = refused_port
     with pytest.raises(EndpointError, match=rf"127.0.0.1:{port}.*ConnectError"):
         _client(f"http://127.0.0.1:{port}", max_retries=1).complete(["q"], GREEDY)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -118,13 +117,11 @@ def test_a_retriever_that_dies_after_step_1_stops_the_run_within_k_steps(
     assert all(r["rollout/failed_share"] > 0.5 for r in records[1:])
 
 
-def test_a_dead_retriever_stops_the_run_before_its_first_step(tmp_path, world_files):
+def test_a_dead_retriever_stops_the_run_before_its_first_step(tmp_path, world_files, refused_port):
     from harness.training.trainer import train
 
     questions, _, policy = world_files
-    with socket.socket() as s:  # a port nothing listens on once closed
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    url = f"http://127.0.0.1:{refused_port}"
     with pytest.raises(HarnessError, match=rf"retriever at {url} does not answer before"):
         train(config(tmp_path / "run", questions, policy, url, steps=2))
     assert not (tmp_path / "run" / "metrics.jsonl").exists()

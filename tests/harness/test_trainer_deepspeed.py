@@ -86,3 +86,12 @@ def test_step_without_a_last_backward_is_an_error(tiny_model):
 def test_a_bad_stage_is_rejected_before_anything_starts(tiny_model):
     with pytest.raises(ValueError, match="stages 0 to 3"):
         DeepSpeedOptimizer(tiny_model(), zero_stage=4, lr=1e-2)
+
+
+def test_one_process_leaves_no_rendezvous_port_for_child_processes(tiny_model, monkeypatch):
+    # a MASTER_PORT written here was inherited by the runs this process launched (torchrun,
+    # the data-parallel benchmark), which then bound the port this process's store held
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    DeepSpeedOptimizer(tiny_model(), zero_stage=0, lr=1e-2, grad_clip=1.0)
+    assert torch.distributed.get_world_size() == 1
+    assert "MASTER_PORT" not in os.environ

@@ -82,14 +82,8 @@ def test_make_retriever_takes_a_url_or_a_directory(toy_server, toy_index_dir, to
         make_retriever("/no/such/index")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_an_unreachable_server_raises_unavailable_naming_url_and_cause():
-    url = f"http://127.0.0.1:{_free_port()}"
+def test_an_unreachable_server_raises_unavailable_naming_url_and_cause(refused_port):
+    url = f"http://127.0.0.1:{refused_port}"
     remote = HTTPRetriever(url, max_attempts=3, backoff_s=0.01, index_id="x")
     with pytest.raises(RetrieverUnavailable) as info:
         remote.search(["q"], k=1)

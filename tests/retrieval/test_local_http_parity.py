@@ -6,8 +6,6 @@ surrogate, crashed a step on the HTTP retriever while the local index answered i
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -64,14 +62,8 @@ def test_every_retriever_refuses_a_surrogate_alike_and_a_cache_normalises_it(toy
         assert CachedRetriever(toy_bm25).search(["Café \ud800"], k=2) == want
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def test_make_retriever_on_a_url_works_while_the_server_is_down():
-    url = f"http://127.0.0.1:{_free_port()}"
+def test_make_retriever_on_a_url_works_while_the_server_is_down(refused_port):
+    url = f"http://127.0.0.1:{refused_port}"
     retriever = make_retriever(url)  # used to ask /health here and raise
     assert isinstance(retriever, CachedRetriever)
     with pytest.raises(RetrieverUnavailable):

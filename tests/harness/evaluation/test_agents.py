@@ -552,12 +552,11 @@ def test_tracerl_bench_with_an_openai_compatible_server(
     assert len(stub.requests) == 4
 
 
-def test_tracerl_bench_reports_an_unreachable_server(tmp_path, toy_files, capsys, caplog) -> None:
+def test_tracerl_bench_reports_an_unreachable_server(
+    tmp_path, toy_files, capsys, caplog, refused_port
+) -> None:
     tasks, corpus = toy_files
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
+    port = refused_port
     args = ["--agent", "openai", "--model", "m", "--base-url", f"http://127.0.0.1:{port}/v1",
             "--max-retries", "0", "--data-file", str(tasks), "--corpus", str(corpus),
             "--out", str(tmp_path / "out"), "--no-progress"]  # fmt: skip

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -18,14 +17,6 @@ from envs.qa_datasets.loaders import load_file, load_named
 from harness.evaluation.bench import bench, corpus
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-def _closed_port() -> int:
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    return port
 
 
 @pytest.fixture
@@ -67,11 +58,13 @@ def test_corpus_refuses_to_overwrite_without_overwrite(tmp_path: Path, caplog) -
     assert corpus([*args, "--overwrite"]) == 0
 
 
-def test_an_unreachable_hub_fails_in_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_unreachable_hub_fails_in_seconds(
+    monkeypatch: pytest.MonkeyPatch, refused_port: int
+) -> None:
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     for proxy in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(proxy, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{refused_port}")
     start = time.perf_counter()
     with pytest.raises(DatasetUnavailable, match=r"cannot connect to 127\.0\.0\.1"):
         load_named("hotpotqa")

@@ -19,7 +19,7 @@ def test_every_node_answers_the_preflight_and_a_failure_names_its_node(ray_local
     with pytest.raises(HarnessError) as info:
         preflight_nodes(Target(checkpoint_dir=tmp_path, data=tmp_path / "missing"))
     node = platform.node()  # the node the task ran on: this machine, named as compare_nodes does
-    assert str(info.value).startswith(f"the cluster's preflight would fail: {node}: data:")
+    assert str(info.value).startswith(f"the cluster's preflight would fail:\n- {node}: data:")
 
 
 def test_the_trainer_actor_lands_on_the_drivers_node(ray_local):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.cli import main
 from harness.errors import HarnessError
 from harness.openrlhf.launcher import (
     REWARD_PLACEHOLDER,
@@ -115,3 +116,25 @@ def test_the_flags_are_named_as_in_the_cpu_trainer_and_the_old_names_still_work(
     assert old == config
     assert "--advantage is deprecated: use --loss.advantage" in caplog.text
     assert "--tokens_per_step is deprecated: use --budget.per-step" in caplog.text
+
+
+@pytest.mark.parametrize(("nodes", "gpus"), [(3, 8), (2, 6)], ids=["3x8", "2x6"])
+def test_the_command_line_prints_every_reason_of_a_refusal_one_line_each(nodes, gpus, capsys):
+    # the 8B script's batch sizes on a layout whose rank count x 4 does not divide 512
+    layout = [
+        *("--actor.num_nodes", str(nodes), "--actor.num_gpus_per_node", str(gpus)),
+        *("--ref.num_nodes", str(nodes), "--ref.num_gpus_per_node", str(gpus)),
+        *("--vllm.num_engines", str(nodes * gpus // 2), "--vllm.tensor_parallel_size", "2"),
+        *("--rollout.batch_size", "256", "--rollout.n_samples_per_prompt", "12"),
+        *("--train.batch_size", "512", "--rollout.micro_batch_size", "4"),
+    ]
+    argv = ["train", "--backend", "openrlhf", "--", *BASE, *layout, "--train.async_enable"]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [
+        "tracerl train: OpenRLHF flags the tree trainer cannot use:",
+        "- --train.async_enable is not supported by the tree trainer (synchronous)",
+        f"- --train.batch_size 512 must be a multiple of --rollout.micro_batch_size x actor "
+        f"ranks = 4 x {nodes * gpus}: then the zero-weight fillers that round a step's leaf "
+        "count up never make up a whole optimizer step (whose loss would divide by zero tokens)",
+    ]
