@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+from harness.training.lock_file import drift, read_lock
+
 __all__ = [
     "MIN_DRIVER",
     "SHARED_FS_TYPES",
@@ -58,6 +60,8 @@ installed torch is a CPU build."""
 MIN_PYTHON = (3, 11)  # tomllib (scripts/gpu_pin.py) and the project's own floor
 MIN_GCC = 10  # DeepSpeed compiles with -std=c++20 against torch >= 2.12
 BUSY_GPU_SHARE = 0.1  # a GPU with more memory in use than this is held by another process
+LOCKS_DIR = Path(__file__).resolve().parents[2] / "requirements"
+"""The committed locks (docs/decisions.md, "Locked installs"); absent without the repository."""
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 SHARED_FS_TYPES = frozenset(
     {
@@ -464,6 +468,40 @@ def check_shared_disk(p: Probes, t: Target) -> Check:
     )
 
 
+def check_lock(p: Probes, t: Target) -> Check:
+    """The installed versions against the lock the install was made from.
+
+    A GPU venv (a CUDA torch, or `require_gpu`) is compared with `requirements/gpu.lock`, which
+    `make install-gpu` takes as constraints; a CPU venv with `requirements/cpu.lock`, which `make
+    install` installs exactly. A locked package that is not installed is no drift (flash-attn under
+    `FLASH_ATTN=0`); one installed at another version is.
+    """
+    gpu = t.require_gpu or p.torch_cuda() is not None
+    path = LOCKS_DIR / ("gpu.lock" if gpu else "cpu.lock")
+    if not path.exists():
+        detail = f"no {path.name} beside the package (trace-rl installed without its repository)"
+        return Check(name="lock", status="skip", detail=detail)
+    try:
+        locked = read_lock(path)
+    except ValueError as error:
+        return Check(name="lock", status="fail", detail=str(error), fix="restore it from git")
+    installed = {name: v for name in locked if (v := p.version(name)) is not None}
+    moved = drift(locked, installed)
+    moved = [d for d in moved if d.installed is not None]
+    if not moved:
+        detail = f"{len(installed)} installed packages at their {path.name} versions"
+        return Check(name="lock", status="ok", detail=detail)
+    shown = ", ".join(f"{d.name} {d.installed} (locked {d.locked})" for d in moved[:5])
+    more = f" and {len(moved) - 5} more" if len(moved) > 5 else ""
+    recipe = "make clean install-gpu" if gpu else "make clean install"
+    return Check(
+        name="lock",
+        status="warn",
+        detail=f"{len(moved)} packages differ from {path.name}: {shown}{more}",
+        fix=f"`{recipe}` reinstalls the locked set; `make lock` if the new versions are intended",
+    )
+
+
 def check_ray(p: Probes, t: Target) -> Check:
     """Ray is installed (its version on every node is compared by `compare_nodes`)."""
     version = p.version("ray")
@@ -624,6 +662,7 @@ them before the long builds)."""
 CHECKS: tuple[Callable[[Probes, Target], Check], ...] = (
     *TOOLCHAIN,
     check_shared_disk,
+    check_lock,
     check_ray,
     check_model,
     check_data,

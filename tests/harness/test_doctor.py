@@ -243,3 +243,20 @@ def test_the_command_prints_json_and_fails_on_a_fault(tmp_path, capsys):
     code = main(["doctor", "--data", str(tmp_path / "none"), "--checkpoint-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 1 and "FAIL data" in out and out.rstrip().endswith(")")
+
+
+def test_the_doctor_names_packages_installed_at_other_versions_than_the_lock(tmp_path):
+    """A GPU venv is compared with requirements/gpu.lock; a CPU venv with requirements/cpu.lock."""
+    from harness.training import doctor
+    from harness.training.lock_file import read_lock
+
+    gpu_lock = read_lock(doctor.LOCKS_DIR / "gpu.lock")
+    cpu_lock = read_lock(doctor.LOCKS_DIR / "cpu.lock")
+    moved = {**gpu_lock, "vllm": "0.0.1"}
+    moved.pop("flash-attn")  # not installed (FLASH_ATTN=0): no drift
+    found = doctor.check_lock(probes(tmp_path, version=moved.get), Target(require_gpu=True))
+    assert found.status == "warn" and "1 packages differ from gpu.lock" in found.detail
+    assert f"vllm 0.0.1 (locked {gpu_lock['vllm']})" in found.detail
+    assert "make clean install-gpu" in found.fix
+    exact = doctor.check_lock(probes(tmp_path, torch_cuda=None, version=cpu_lock.get), Target())
+    assert exact.status == "ok" and "cpu.lock" in exact.detail
