@@ -1192,7 +1192,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         bar.update(1)
     _run_all([s for s in specs if s.run_id not in recorded], context, on_done)
     bar.close()
-    all_runs = runs
+    # in the specs' order, not the order the workers finished in: sums over seeds add alike
+    all_runs = {s.run_id: runs[s.run_id] for s in specs}
     rates = choose_rates(all_runs)
     # from here on, each method at its own chosen rate
     runs = {

@@ -531,3 +531,40 @@ def test_one_deepspeed_zero_step_trains_like_torch(tmp_path, policy_dir, stage):
     theirs = torch.load(tmp_path / "torch" / "checkpoints" / "step_000001" / "model.pt")
     for name, tensor in theirs.items():
         torch.testing.assert_close(ours[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_two_runs_of_one_seed_are_bit_identical_under_another_hash_seed_and_load(
+    tmp_path, policy_dir
+):
+    """`tracerl train` twice, the second with another PYTHONHASHSEED beside a busy process."""
+    from benchmarks.perf.determinism import HOG, compare_runs
+
+    steps = 3
+    for name, hash_seed in (("a", "1"), ("b", "2")):
+        hog = subprocess.Popen([sys.executable, "-c", HOG]) if name == "b" else None
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.cli",
+                    "train",
+                    *_cli_args(tmp_path / name, policy_dir, steps),
+                ],
+                env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": hash_seed},
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    report = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert report["steps_compared"] == steps
+    assert sum(r["stage2/continuations"] for r in read_metrics(tmp_path / "a")) > 0
+    assert sum(r["policy/n_train_leaves"] for r in read_metrics(tmp_path / "a")) > 0
+    assert report["identical"], report
