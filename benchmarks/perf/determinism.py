@@ -129,16 +129,32 @@ def metric_differences(
 
 
 def compare_runs(a: Path, b: Path) -> dict[str, Any]:
-    """Compare two finished runs' metrics, final weights, predictor and generator states."""
+    """Compare two finished runs' metrics, final weights, predictor and generator states.
+
+    Raises:
+        ValueError: a run has no checkpoint to compare.
+    """
     import torch
 
     from harness.training import latest_checkpoint, load_checkpoint, read_metrics
 
     diffs = metric_differences(read_metrics(a), read_metrics(b))
-    ca, cb = (load_checkpoint(p) for p in (latest_checkpoint(a), latest_checkpoint(b)) if p)
-    weights = sorted(k for k in ca.model if not torch.equal(ca.model[k], cb.model[k]))
+    paths = [latest_checkpoint(a), latest_checkpoint(b)]
+    missing = [str(run) for run, path in zip((a, b), paths, strict=True) if path is None]
+    if missing:
+        raise ValueError(f"no checkpoint to compare in {missing}")
+    ca, cb = (load_checkpoint(p) for p in paths if p is not None)
+    weights = sorted(
+        k
+        for k in ca.model | cb.model
+        if k not in ca.model or k not in cb.model or not torch.equal(ca.model[k], cb.model[k])
+    )
     predictor = sorted(
-        k for k in ca.predictor if not np.array_equal(ca.predictor[k], cb.predictor.get(k))
+        k
+        for k in ca.predictor | cb.predictor
+        if k not in ca.predictor
+        or k not in cb.predictor
+        or not np.array_equal(ca.predictor[k], cb.predictor[k])
     )
     streams = sorted(
         k for k in ("alloc_rng", "engine_rng", "python_rng") if ca.state[k] != cb.state[k]
