@@ -211,8 +211,9 @@ def keyed_run(config: Any) -> dict[str, Any]:
     moved aside first (`claim_run_dir`).
 
     Returns:
-        What a record lists for the run: `key`, `commits`, `fingerprint` and the resolved
-        `train_config` (what `python -m benchmarks.records verify` reruns).
+        What a record lists for the run: `key`, `commits`, `code` (`code_digest`, which the key
+        covers), `fingerprint` and the resolved `train_config` (what `python -m
+        benchmarks.records verify` reruns).
     """
     import dataclasses
 
@@ -225,8 +226,8 @@ def keyed_run(config: Any) -> dict[str, Any]:
     done = json.loads((checkpoint / "state.json").read_text())["step"] if checkpoint else 0
     if done < config.steps:
         train(dataclasses.replace(config, resume=checkpoint is not None))
-    return {"key": key, "commits": held["commits"], "train_config": resolved,
-            "fingerprint": run_fingerprint(config.run_dir)}  # fmt: skip
+    return {"key": key, "commits": held["commits"], "code": code_digest()[:16],
+            "train_config": resolved, "fingerprint": run_fingerprint(config.run_dir)}  # fmt: skip
 
 
 def rerun_fingerprint(train_config: dict[str, Any], run_dir: Path) -> dict[str, Any]:

@@ -641,6 +641,8 @@ def summarise(
         )["flip_auc"],
         "lr_multiplier": {arm: _rate(arm, chosen) for arm in {*config.arms, *config.leaf_arms}},
         "seeds": {arm: sorted(by_seed(arm, "tokens")) for arm in config.arms},
+        # one entry when every run trained on the same code (each run's key covers it)
+        "code_digests": sorted({str(r.get("code")) for r in records}),
     }
     if config.bank:
         summary |= pilot(main, config.bank, summary["grpo_gain_unseen"])

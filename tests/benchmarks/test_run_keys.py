@@ -100,6 +100,7 @@ def test_verify_reruns_a_tiny_record_and_names_the_row_that_mixes_two_runs(
     a = keyed_run(tiny_config(tmp_path / "runs" / "a", policy, seed=0))
     b = keyed_run(tiny_config(tmp_path / "runs" / "b", policy, seed=1))
     assert a["fingerprint"]["weights"] != b["fingerprint"]["weights"]
+    assert a["code"] == b["code"] and a["key"] != b["key"]  # one code, two settings
     # row 1 claims run a's settings but holds run b's results: what a mixed cache leaves
     mixed = b | {"train_config": a["train_config"], "key": a["key"]}
     record = tmp_path / "record.json"

@@ -511,6 +511,14 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir)
     straight_state = torch.load(straight_dir / "checkpoints" / "step_000004" / "model.pt")
     for name, tensor in straight_state.items():
         torch.testing.assert_close(resumed_state[name], tensor, rtol=1e-5, atol=1e-6)
+    # the predictor (weights, Adam moments, memory, generator) comes back bit for bit
+    with (
+        np.load(killed_dir / "checkpoints" / "step_000004" / "predictor.npz") as resumed_p,
+        np.load(straight_dir / "checkpoints" / "step_000004" / "predictor.npz") as straight_p,
+    ):
+        assert resumed_p.files == straight_p.files
+        for key in straight_p.files:
+            assert np.array_equal(resumed_p[key], straight_p[key]), key
 
 
 @pytest.mark.slow
