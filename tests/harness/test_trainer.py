@@ -576,3 +576,29 @@ def test_two_runs_of_one_seed_are_bit_identical_under_another_hash_seed_and_load
     assert sum(r["stage2/continuations"] for r in read_metrics(tmp_path / "a")) > 0
     assert sum(r["policy/n_train_leaves"] for r in read_metrics(tmp_path / "a")) > 0
     assert report["identical"], report
+
+
+@pytest.mark.slow
+def test_grpo_resumed_or_as_dapo_without_a_batch_target_trains_the_same_weights(
+    tmp_path, policy_dir
+):
+    """Neither a resume nor DAPO's filter changes GRPO's run: logs and weights bit for bit."""
+    from benchmarks.perf.determinism import compare_runs
+
+    budget = BudgetConfig(currency="tokens", per_step=300, pool_size=4)
+
+    def run(name: str, alloc: str, steps: int, **overrides) -> Path:
+        config = small_config(tmp_path / name, policy_dir, steps=steps, budget=budget,
+                              alloc=AllocConfig.of(alloc), **overrides)  # fmt: skip
+        train(config)
+        return tmp_path / name
+
+    straight = run("straight", "uniform", 4)
+    run("resumed", "uniform", 2)
+    resumed = run("resumed", "uniform", 4, resume=True)
+    assert compare_runs(straight, resumed)["identical"]
+    report = compare_runs(straight, run("dapo", "dynamic_sampling", 4))
+    assert report["weights_differ"] == [] and report["predictor_differs"] == []
+    a, b = read_metrics(straight), read_metrics(tmp_path / "dapo")
+    assert [r["budget/tokens"] for r in a] == [r["budget/tokens"] for r in b]
+    assert sum(r["policy/n_train_leaves"] for r in a) > 0
