@@ -2,6 +2,7 @@
 
     python -m benchmarks.records                 # write benchmarks/RESULTS.md (`make results`)
     python -m benchmarks.records --check         # exit 1 if RESULTS.md is not the records' text
+    python -m benchmarks.records verify benchmarks/results/experiment-stream.json --sample 2
     python -m benchmarks.records run benchmarks/results/env-fork.json --section Environments \\
         --title "Forking a search env" -- python -m benchmarks.perf.env_fork --json
 
@@ -337,9 +338,67 @@ def run_and_record(out: Path, command: Sequence[str], fields: dict[str, str]) ->
     return 0
 
 
+def keyed_runs(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runs of a record (or of an experiment's raw output) that carry a run key."""
+    runs = data.get("runs", (data.get("result") or {}).get("runs", []))
+    listed = list(runs.values()) if isinstance(runs, dict) else list(runs)
+    return [r for r in listed if isinstance(r, dict) and "key" in r and "train_config" in r]
+
+
+def verify(path: Path, *, sample: int, seed: int, work: Path) -> int:
+    """Rerun a seeded sample of a record's keyed runs and report any that differ.
+
+    A run matches when its rerun's fingerprint (the log's digest, the final weights' digest)
+    equals the recorded one; a mismatch names the first step whose generated tokens differ, and
+    whether the run's key is still today's (a key that changed means the code, the config's
+    defaults, the start policy or a library changed since the record).
+
+    Returns:
+        0 when every sampled run matched, 1 when one differs, 2 when the record has no keyed run.
+    """
+    import random
+
+    from benchmarks.meta import rerun_fingerprint, run_key
+
+    data = json.loads(path.read_text(encoding="utf-8"))
+    runs = keyed_runs(data)
+    if not runs:
+        print(f"records verify: {path} lists no run with a key (written before run keys); "
+              "rerun the experiment to record them", file=sys.stderr)  # fmt: skip
+        return 2
+    chosen = sorted(random.Random(seed).sample(range(len(runs)), min(sample, len(runs))))
+    differ = 0
+    for n, i in enumerate(chosen):
+        run = runs[i]
+        recorded = run["fingerprint"]
+        again = rerun_fingerprint(run["train_config"], work / f"run-{i}")
+        same = all(again[k] == recorded[k] for k in ("metrics", "weights"))
+        steps = zip(again["tokens_by_step"], recorded["tokens_by_step"], strict=False)
+        parted = next((s for s, (a, b) in enumerate(steps, 1) if a != b), None)
+        report = {"run": i, "key": run["key"], "key_today": run_key(run["train_config"]),
+                  "commits": run.get("commits", []), "same": same,
+                  "first_step_tokens_differ": parted}  # fmt: skip
+        differ += not same
+        print(json.dumps(report), flush=True)
+        print(f"records verify: run {n + 1}/{len(chosen)} ({run['key']}): "
+              f"{'same' if same else 'DIFFERS'}", file=sys.stderr)  # fmt: skip
+    return 1 if differ else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m benchmarks.records [--check | run OUT ... -- COMMAND]`."""
+    """`python -m benchmarks.records [--check | run OUT ... -- COMMAND | verify RECORD]`."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["verify"]:
+        parser = argparse.ArgumentParser(prog="python -m benchmarks.records verify")
+        parser.add_argument("record", type=Path, help="a record or an experiment's JSON output")
+        parser.add_argument("--sample", type=int, default=2, help="runs to rerun")
+        parser.add_argument("--seed", type=int, default=0, help="seeds the sample")
+        parser.add_argument("--work", type=Path, default=Path("runs/verify"),
+                            help="the reruns' folder (one per run, replaced)")  # fmt: skip
+        ns = parser.parse_args(args[1:])
+        if ns.sample < 1 or not ns.record.is_file():
+            parser.error(f"need --sample >= 1 and a record file (got {ns.record})")
+        return verify(ns.record, sample=ns.sample, seed=ns.seed, work=ns.work)
     if args[:1] == ["run"]:
         parser = argparse.ArgumentParser(prog="python -m benchmarks.records run")
         parser.add_argument("out", type=Path, help="the record (JSON)")

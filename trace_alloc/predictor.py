@@ -301,6 +301,8 @@ class MLPPredictor:
         if missing:
             raise AllocError(f"predictor state lacks {missing}; was it saved by MLPPredictor?")
         for key, value in expected.items():
+            if key == "rng" and np.shape(state[key]) == (4,):
+                continue  # written before the generator's buffered half-word was saved
             if np.shape(state[key]) != value.shape:
                 raise AllocError(
                     f"predictor state {key!r} has shape {np.shape(state[key])}, this predictor "
@@ -438,22 +440,29 @@ def _sparse(x: np.ndarray) -> sp.csr_array:
 
 
 def _rng_to_array(rng: np.random.Generator) -> np.ndarray:
-    """PCG64 state as four uint64 words (state hi/lo, increment hi/lo)."""
+    """PCG64 state as six uint64 words: state hi/lo, increment hi/lo, and the buffered half-word.
+
+    The buffer matters: a bounded draw below 2**32 (`permutation` of a short list) takes 32 bits
+    at a time and keeps the other half of a 64-bit output for the next one. Dropping it made a
+    resumed predictor shuffle its minibatches differently about every other resume.
+    """
     s = rng.bit_generator.state
     if s["bit_generator"] != "PCG64":
         raise AllocError(f"cannot save a {s['bit_generator']} generator")
     mask = (1 << 64) - 1
     st, inc = s["state"]["state"], s["state"]["inc"]
-    return np.array([st >> 64, st & mask, inc >> 64, inc & mask], dtype=np.uint64)
+    words = [st >> 64, st & mask, inc >> 64, inc & mask, s["has_uint32"], s["uinteger"]]
+    return np.array(words, dtype=np.uint64)
 
 
 def _rng_from_array(words: np.ndarray) -> np.random.Generator:
-    w = [int(v) for v in words]
+    """Undo `_rng_to_array` (four words, from an older checkpoint, restore an empty buffer)."""
+    w = [int(v) for v in words] + [0, 0][: 6 - len(words)]
     rng = np.random.Generator(np.random.PCG64())
     rng.bit_generator.state = {
         "bit_generator": "PCG64",
         "state": {"state": (w[0] << 64) | w[1], "inc": (w[2] << 64) | w[3]},
-        "has_uint32": 0,
-        "uinteger": 0,
+        "has_uint32": w[4],
+        "uinteger": w[5],
     }
     return rng

@@ -56,6 +56,7 @@ from typing import Any, Literal
 import numpy as np
 import tyro
 
+from benchmarks.meta import run_key, run_meta
 from benchmarks.research.lr_axis import best_multiplier, check_disjoint, curve_table
 from harness.training import AllocatorSettings
 
@@ -611,6 +612,11 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
         key["start_policy"] = str(context.policy_for(spec.seed))
     if config.rollout_temperature != 1.0:
         key["rollout_temperature"] = config.rollout_temperature
+    artifacts = load_artifacts(config.policy_run_dir)  # the policy's world and env, read once
+    # everything that decides the run (code, resolved config, start policy, libraries): a run
+    # trained under another key is refused below, never resumed or reused
+    resolved = _train_config(spec, context, artifacts, config.steps, resume=False).to_json()
+    key["run_key"] = run_key(resolved)
     key = json.loads(json.dumps(key))  # as it reads back (tuples become lists)
     record = _read_json(evals_path)
     if record is None:
@@ -623,7 +629,6 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
             f"{run_dir} holds a run with other settings ({evals_path}); "
             "use another --out-dir or delete it"
         )
-    artifacts = load_artifacts(config.policy_run_dir)  # the policy's world and env, read once
     test_sets = None
     # the main runs draw the EM-against-tokens curves; an ablation needs its final EM only
     for at in config.eval_at if spec.group == "main" else config.eval_at[-1:]:
@@ -655,7 +660,8 @@ def _run(spec: RunSpec, context: _Context) -> dict[str, Any]:
     displacement = policy_distance(context.policy_for(spec.seed), run_dir / "policy")
     return {"spec": spec, "evals": record["evals"], "metrics": metrics,
             "start_em": None if start is None else start["heldout"]["em"],
-            "validation_em": validation_em, "displacement": displacement}  # fmt: skip
+            "validation_em": validation_em, "displacement": displacement,
+            "key": key["run_key"], "commit": run_meta()["commit"]}  # fmt: skip
 
 
 def _checkpoint_step(checkpoint: Path | None) -> int:
@@ -1178,8 +1184,8 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
         summary = _run_summary(result, config.eval_at[-1])
         cell = f"{spec.group}/{spec.series}/{spec.label}"
         summary |= {"group": spec.group, "series": spec.series, "label": spec.label,
-                    "seed": spec.seed, "cell": cell,
-                    "lr_multiplier": spec.lr_multiplier}  # fmt: skip
+                    "seed": spec.seed, "cell": cell, "lr_multiplier": spec.lr_multiplier,
+                    "key": result["key"], "commit": result["commit"]}  # fmt: skip
         runs[spec.run_id] = summary
         bar.set_postfix_str(f"{spec.run_id}: EM {summary['em']:.3f}")
         bar.update(1)
@@ -1187,12 +1193,14 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
     recorded = _recorded_runs(config)
     # a run trained here wins over its recorded copy (it has the health metrics)
     recorded = {k: v for k, v in recorded.items() if not (config.out_dir / k).exists()}
+    _check_recorded_keys(config, context, specs, recorded)
     for spec in [s for s in specs if s.run_id in recorded]:
         runs[spec.run_id] = recorded[spec.run_id] | {"reused_from": str(config.reuse_from)}
         bar.update(1)
     _run_all([s for s in specs if s.run_id not in recorded], context, on_done)
     bar.close()
-    all_runs = runs
+    # in the specs' order, not the order the workers finished in: sums over seeds add alike
+    all_runs = {s.run_id: runs[s.run_id] for s in specs}
     rates = choose_rates(all_runs)
     # from here on, each method at its own chosen rate
     runs = {
@@ -1257,6 +1265,34 @@ def main(config: ExperimentConfig, policy_config: Any = None) -> dict[str, Any]:
     # RESULTS.md is generated from the records (`make results`), never written here
     files["markdown"].write_text(body + "\n", encoding="utf-8")
     return result
+
+
+def _check_recorded_keys(
+    config: ExperimentConfig,
+    context: _Context,
+    specs: Sequence[RunSpec],
+    recorded: Mapping[str, dict[str, Any]],
+) -> None:
+    """Refuse a recorded run whose key is not the one this config gives it today.
+
+    Raises:
+        ValueError: a run of `reuse_from` was recorded without a key (before keys) or under
+            another one (other code, settings, start policy or libraries).
+    """
+    if not recorded:
+        return
+    from harness.tiny_policy import load_artifacts
+
+    artifacts = load_artifacts(config.policy_run_dir)
+    for spec in (s for s in specs if s.run_id in recorded):
+        train_config = _train_config(spec, context, artifacts, config.steps, resume=False)
+        want, held = run_key(train_config.to_json()), recorded[spec.run_id].get("key")
+        if held != want:
+            raise ValueError(
+                f"--reuse-from {config.reuse_from}: run {spec.run_id} was recorded under key "
+                f"{held}, not this config's {want}; train it here (leave its method out of "
+                "--reuse-methods)"
+            )
 
 
 def _recorded_runs(config: ExperimentConfig) -> dict[str, dict[str, Any]]:

@@ -57,6 +57,7 @@ from typing import Any, Literal
 import numpy as np
 import tyro
 
+from benchmarks.meta import keyed_run
 from benchmarks.research.lr_axis import best_multiplier, check_disjoint, curve_table
 
 __all__ = ["ARMS", "StreamExperimentConfig", "StreamRun", "choose_rates", "main", "runs_of",
@@ -137,6 +138,13 @@ class StreamExperimentConfig:
     phase: Literal["lr", "main", "all"] = "all"
     """`lr`: the learning-rate scan only; `main`: the scan must be done; `all`: both."""
     results_dir: Path = Path("benchmarks/results")
+    name: str = "stream"
+    """The output's name: `RESULTS_DIR/experiment-NAME.json` and `.md`."""
+    bank: int = 0
+    """0: the stream, a fresh world every step. K > 0: a bank of K worlds visited in turn, so
+    every K steps is one epoch over the same questions (`TaskConfig.stream_bank`); the summary
+    then adds the pilot's two conditions (`pilot_grpo_mixed_share`, from the second epoch on,
+    and `pilot_grpo_gain_unseen`)."""
     json: bool = False
     """Print one JSON object (the summary) as the last line of stdout."""
 
@@ -157,6 +165,11 @@ class StreamExperimentConfig:
             raise ValueError("dapo runs in the token currency only (at equal leaves it is GRPO)")
         if len(self.seeds) < 2:
             raise ValueError("--seeds needs two or more for a paired interval")
+        if self.bank < 0 or (self.bank and self.steps <= self.bank):
+            raise ValueError(
+                f"--bank {self.bank}: 0, or a bank of fewer worlds than --steps {self.steps} "
+                "(the pilot reads the epochs after the first)"
+            )
 
 
 @dataclass(frozen=True)
@@ -376,22 +389,19 @@ def _train_config(run: StreamRun, context: _Context, artifacts: Any, steps: int)
         if run.arm in UNCALIBRATED_ARMS
         else demo.predictor,
         budget=BudgetConfig(currency=run.series, per_step=per_step, pool_size=config.pool_size),
+        task=dataclasses.replace(demo.task, stream_bank=config.bank),
         optim=OptimConfig(lr=config.lr * run.lr_multiplier),
         eval=dataclasses.replace(demo.eval, every=0),
     )
 
 
-def _train_to(run: StreamRun, context: _Context, artifacts: Any, steps: int) -> Path:
-    """Train `run` up to `steps` (resuming what is done); returns its directory."""
-    from harness.training import latest_checkpoint, train
+def _train_to(run: StreamRun, context: _Context, artifacts: Any, steps: int) -> dict[str, Any]:
+    """Train `run` up to `steps` under its run key; returns its key, commits and fingerprint.
 
-    run_dir = context.config.run_dir / run.run_id
-    checkpoint = latest_checkpoint(run_dir)
-    done = _read_json(checkpoint / "state.json").get("step", 0) if checkpoint else 0
-    if done < steps:
-        config = _train_config(run, context, artifacts, steps)
-        train(dataclasses.replace(config, resume=checkpoint is not None))
-    return run_dir
+    `benchmarks.meta.keyed_run`: what is done under the same key is resumed, a run of another key
+    is moved aside, never reused.
+    """
+    return keyed_run(_train_config(run, context, artifacts, steps))
 
 
 def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
@@ -407,13 +417,14 @@ def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
     config = context.config
     artifacts = load_artifacts(context.policy_run_dir)
     run_dir = config.run_dir / run.run_id
-    key = {"run": dataclasses.asdict(run), "tokens_per_step": context.tokens_per_step,
-           "steps": config.steps, "lr": config.lr, "pool_size": config.pool_size}  # fmt: skip
     evals: dict[str, Any] = {}
     along = run.phase == "main" and run.series == "tokens" and run.arm in config.curve_arms
     points = config.eval_at if along else (config.steps,)
+    keyed: dict[str, Any] = {}
     for at in points:
-        _train_to(run, context, artifacts, at)
+        keyed = _train_to(run, context, artifacts, at)
+        # an evaluation is cached under its run's key: another run's is never read back
+        key = {"run": dataclasses.asdict(run), "run_key": keyed["key"]}
         which = {"lr": ["validation"], "probe": []}.get(
             run.phase, ["test_final" if at == config.steps else "test"]
         )
@@ -436,7 +447,7 @@ def _do_run(run: StreamRun, context: _Context) -> dict[str, Any]:
     metrics = read_metrics(run_dir)
     summary = _read_json(run_dir / "summary.json")
     return {"run": dataclasses.asdict(run), "evals": evals,
-            "steps": _run_metrics(metrics, summary)}  # fmt: skip
+            "steps": _run_metrics(metrics, summary), **keyed}  # fmt: skip
 
 
 def _run_metrics(
@@ -469,6 +480,7 @@ def _run_metrics(
         ),
         "scored": pooled,
         "effective_ratio": _mean(values("rollout/effective_ratio")),
+        "effective_ratio_by_step": values("rollout/effective_ratio"),
         "rollout_accuracy": _mean(values("rollout/accuracy")),
         "optimizer_steps": sum(values("policy/optimizer_steps")),
         "update_norm_mean": _mean(norms),
@@ -629,7 +641,11 @@ def summarise(
         )["flip_auc"],
         "lr_multiplier": {arm: _rate(arm, chosen) for arm in {*config.arms, *config.leaf_arms}},
         "seeds": {arm: sorted(by_seed(arm, "tokens")) for arm in config.arms},
+        # one entry when every run trained on the same code (each run's key covers it)
+        "code_digests": sorted({str(r.get("code")) for r in records}),
     }
+    if config.bank:
+        summary |= pilot(main, config.bank, summary["grpo_gain_unseen"])
     arms = sorted({(r["run"]["arm"], r["run"]["series"]) for r in main})
     table = {}
     for arm, series in arms:
@@ -666,6 +682,38 @@ def summarise(
     }
 
 
+PILOT_MAX_MIXED = 0.40
+"""The bank pilot's first condition: GRPO's groups mixed at most this often from epoch 2 on."""
+PILOT_MIN_GAIN = 5.0
+"""The second: GRPO's unseen-world EM still rising by at least this many points."""
+
+
+def pilot(main: Sequence[Mapping[str, Any]], bank: int, gain: float | None) -> dict[str, Any]:
+    """The bank pilot's conditions from GRPO's token runs (`bank` steps make one epoch).
+
+    >>> run = {"run": {"arm": "grpo", "series": "tokens"},
+    ...        "steps": {"effective_ratio_by_step": [0.9, 0.8, 0.4, 0.2]}}
+    >>> out = pilot([run], 2, 6.0)
+    >>> round(out["pilot_grpo_mixed_share"], 3), out["pilot_passes"]
+    (0.3, True)
+    >>> pilot([run], 2, 4.0)["pilot_passes"]  # EM rising by too little
+    False
+    >>> pilot([run], 1, 6.0)["pilot_passes"]  # from step 2 on: mixed 0.47 of the time
+    False
+    """
+    grpo = [r for r in main if r["run"]["arm"] == "grpo" and r["run"]["series"] == "tokens"]
+    later = [x for r in grpo for x in r["steps"]["effective_ratio_by_step"][bank:]]
+    mixed = float(np.mean(later)) if later else None
+    passes = (
+        mixed is not None
+        and gain is not None
+        and mixed <= PILOT_MAX_MIXED
+        and gain >= PILOT_MIN_GAIN
+    )
+    return {"pilot_grpo_mixed_share": mixed, "pilot_grpo_gain_unseen": gain,
+            "pilot_passes": bool(passes)}  # fmt: skip
+
+
 def choose_rates(
     scanned: Sequence[Mapping[str, Any]], steps: int
 ) -> tuple[dict[str, float], dict[str, dict[float, list[float]]]]:
@@ -687,17 +735,19 @@ def choose_rates(
 
 
 def _run_all(runs: Sequence[StreamRun], context: _Context) -> list[dict[str, Any]]:
-    """Every run, `workers` at a time (finished ones are read back inside the worker)."""
-    out: list[dict[str, Any]] = []
+    """Every run, `workers` at a time (finished ones are read back inside the worker).
+
+    Returns the records in the order of `runs`, whatever order the workers finish in, so the
+    summary's sums over seeds add in one order.
+    """
     workers = min(context.config.workers, len(runs)) or 1
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         futures = {pool.submit(_do_run, run, context): run for run in runs}
-        for future in as_completed(futures):
-            record = future.result()
-            out.append(record)
+        for n, future in enumerate(as_completed(futures), 1):
             run = futures[future]
-            print(f"done {run.phase} {run.run_id} ({len(out)}/{len(runs)})", flush=True)
-    return out
+            future.result()  # a failed run stops the experiment here
+            print(f"done {run.phase} {run.run_id} ({n}/{len(runs)})", flush=True)
+        return [future.result() for future in futures]
 
 
 def _markdown(result: Mapping[str, Any], command: str) -> str:
@@ -775,7 +825,7 @@ def main(config: StreamExperimentConfig) -> dict[str, Any]:
         shlex.quote(a) for a in sys.argv[1:] if a != "--json"
     )
     result = {
-        "name": "stream",
+        "name": config.name,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "command": command,
@@ -786,8 +836,8 @@ def main(config: StreamExperimentConfig) -> dict[str, Any]:
         "wall_s": time.perf_counter() - t0,
     }
     if records:
-        _write_json(config.results_dir / "experiment-stream.json", result)
-        (config.results_dir / "experiment-stream.md").write_text(
+        _write_json(config.results_dir / f"experiment-{config.name}.json", result)
+        (config.results_dir / f"experiment-{config.name}.md").write_text(
             _markdown(result, command), encoding="utf-8"
         )
     return result

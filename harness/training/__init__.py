@@ -9,7 +9,8 @@
   `fact_disjoint_questions` (the held-out sets);
 - **the trainer** (`trainer.py`): `train`, and `update_policy` (its update phase);
 - **a run's files**: `MetricsLog`, `read_metrics`, `plot_run`, `plot_learning_curve`,
-  `tree_health` (`metrics_log.py`); `latest_checkpoint`, `policy_distance` (`checkpoint.py`);
+  `tree_health` (`metrics_log.py`); `latest_checkpoint`, `load_checkpoint`, `policy_distance`
+  (`checkpoint.py`);
 - **the rest of a step**: `make_optimizer` (`optimizers.py`), `Ranks`, `init_from_env`,
   `all_gather` (`distributed.py`, data-parallel ranks), `openrlhf_losses` and
   `ensure_flash_attn` (`openrlhf_compat.py`, OpenRLHF's losses for both trainers);
@@ -47,7 +48,7 @@ from harness.training.openrlhf_compat import ensure_flash_attn, openrlhf_losses
 from harness.training.task_sources import build_tasks, eval_set, fact_disjoint_questions
 
 if TYPE_CHECKING:
-    from harness.training.checkpoint import latest_checkpoint, policy_distance
+    from harness.training.checkpoint import latest_checkpoint, load_checkpoint, policy_distance
     from harness.training.distributed import Ranks, all_gather, init_from_env
     from harness.training.optimizers import make_optimizer
     from harness.training.trainer import train, update_policy
@@ -72,6 +73,7 @@ __all__ = [
     "fact_disjoint_questions",
     "init_from_env",
     "latest_checkpoint",
+    "load_checkpoint",
     "load_config",
     "make_optimizer",
     "openrlhf_losses",
@@ -88,6 +90,7 @@ __getattr__ = lazy_names(
     __name__,
     {
         "latest_checkpoint": "harness.training.checkpoint",
+        "load_checkpoint": "harness.training.checkpoint",
         "policy_distance": "harness.training.checkpoint",
         "Ranks": "harness.training.distributed",
         "all_gather": "harness.training.distributed",

@@ -104,6 +104,11 @@ class TaskConfig:
     stream_first_seed: int = 100_000
     """`stream`: step s trains on world `stream_first_seed + s - 1`; the seeds must miss
     `world_seed`, the held-out worlds and the policy's warm-start worlds."""
+    stream_bank: int = 0
+    """`stream`: 0 for a fresh world every step; K > 0 cycles over a bank of K worlds (step s
+    trains on world `stream_first_seed + (s - 1) mod K`), so each world and its questions come
+    back every K steps: a fixed training set revisited for epochs, where a question's own past
+    outcomes can inform its next allocation (`PredictorConfig.memory`)."""
     train_file: Path | None = None
     """`file`: the questions, in any format `tracerl bench` reads (HotpotQA JSON, FlashRAG
     JSONL, ...)."""
@@ -149,6 +154,11 @@ class TaskConfig:
                 f"--task.train-file, --task.eval-file and --task.index need --task.source file "
                 f"(the source is {self.source!r})"
             )
+        if self.stream_bank < 0 or (self.stream_bank and self.source != "stream"):
+            raise ValueError(
+                f"--task.stream-bank {self.stream_bank}: a bank of K >= 1 worlds needs "
+                f"--task.source stream (the source is {self.source!r}); 0 turns it off"
+            )
         if self.world_seed in {self.decoy_world_seed, *self.unseen_world_seeds}:
             raise ValueError(
                 f"world_seed={self.world_seed} is also a held-out world "
@@ -157,7 +167,8 @@ class TaskConfig:
 
     def stream_overlap(self, steps: int, others: Iterable[int] = ()) -> list[int]:
         """The seeds a stream of `steps` steps would share with a held-out world or `others`."""
-        stream = range(self.stream_first_seed, self.stream_first_seed + steps)
+        n = min(steps, self.stream_bank) if self.stream_bank else steps
+        stream = range(self.stream_first_seed, self.stream_first_seed + n)
         held = {self.world_seed, self.decoy_world_seed, *self.unseen_world_seeds, *others}
         return sorted(seed for seed in held if seed in stream)
 

@@ -153,7 +153,7 @@ def world_corpus(
 
 @dataclass(frozen=True, slots=True)
 class WorldStream:
-    """A freshly generated world per step, with its own index and env.
+    """A freshly generated world per step, with its own index and env, or a bank of them.
 
     Stateless: step `s`'s world and pool follow from `s` alone, so a resumed run draws exactly
     what an uninterrupted one would, and no data cursor is checkpointed.
@@ -163,6 +163,9 @@ class WorldStream:
     config: WorldConfig
     questions: str = "all"
     """`hard`: only 3-4-hop bridges, comparisons and inference questions."""
+    bank: int = 0
+    """0: a new world every step; K > 0: the K worlds from `first_seed`, in turn, again and
+    again (`TaskConfig.stream_bank`)."""
 
     @property
     def fixed_ids(self) -> None:
@@ -170,12 +173,16 @@ class WorldStream:
         return None
 
     def seed(self, step: int) -> int:
-        """The world seed of step `step` (1-based)."""
-        return self.first_seed + step - 1
+        """The world seed of step `step` (1-based).
+
+        >>> [WorldStream(10, WorldConfig(), bank=3).seed(s) for s in range(1, 8)]
+        [10, 11, 12, 10, 11, 12, 10]
+        """
+        return self.first_seed + ((step - 1) % self.bank if self.bank else step - 1)
 
     def seeds(self, steps: int) -> range:
         """Every world seed a run of `steps` steps trains on."""
-        return range(self.first_seed, self.first_seed + steps)
+        return range(self.first_seed, self.first_seed + (min(steps, self.bank) or steps))
 
     def corpus(self, step: int) -> TaskCorpus:
         """Step `step`'s world: its questions over its own BM25 index."""
@@ -221,7 +228,7 @@ def build_tasks(task: TaskConfig, eval_sets: Sequence[str] = ("split",)) -> Task
     if task.source == "file":
         train: TaskSource = _file_corpus(task, task.train_file)
     elif task.source == "stream":
-        train = WorldStream(task.stream_first_seed, task.world, task.questions)
+        train = WorldStream(task.stream_first_seed, task.world, task.questions, task.stream_bank)
     else:
         train = _world_split(task, "train")
     return Tasks(

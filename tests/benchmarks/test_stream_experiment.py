@@ -124,3 +124,26 @@ def test_a_runs_log_keeps_its_raw_flip_chances_beside_the_calibrated_ones():
     scored = _run_metrics([row], {})["scored"]
     assert scored["p_flip"] == [0.4, 0.3] and scored["p_flip_raw"] == [0.7, 0.6]
     assert _run_metrics([old], {})["scored"]["p_flip_raw"] == [0.4, 0.3]
+
+
+def test_the_bank_regime_trains_on_worlds_that_come_back_and_is_keyed_apart(tmp_path):
+    from benchmarks.meta import run_key
+    from benchmarks.research.stream_experiment import _Context, _train_config
+    from harness.tiny_policy import init_model
+    from harness.training import build_tasks
+
+    artifacts = init_model(run_dir=tmp_path / "start")  # the shipped warm start, copied
+    run = StreamRun("main", "grpo", "tokens", 0, 1.0)
+
+    def train_config(bank: int):
+        config = StreamExperimentConfig(steps=6, eval_at=(6,), bank=bank, run_dir=tmp_path)
+        context = _Context(config=config, policy_run_dir=tmp_path / "start", tokens_per_step=900)
+        return _train_config(run, context, artifacts, 6)
+
+    banked, stream = train_config(3), train_config(0)
+    assert banked.task.stream_bank == 3 and stream.task.stream_bank == 0
+    source = build_tasks(banked.task, ()).train
+    assert [source.seed(s) for s in range(1, 7)] == [source.seed(s) for s in (1, 2, 3)] * 2
+    assert run_key(banked.to_json()) != run_key(stream.to_json())
+    with pytest.raises(ValueError, match="--bank 6"):
+        StreamExperimentConfig(steps=6, eval_at=(6,), bank=6)

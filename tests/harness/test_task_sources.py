@@ -181,6 +181,22 @@ def test_a_world_stream_is_a_task_source_with_a_world_per_step():
     assert source.corpus(5).tasks.ids[0].startswith("w304/")
 
 
+def test_a_bank_of_worlds_comes_back_every_k_steps_with_the_same_questions():
+    source = build_tasks(dataclasses.replace(TASK, source="stream", stream_first_seed=300,
+                                             stream_bank=2), ()).train  # fmt: skip
+    assert [_what_a_step_reads(source, s)[1:] for s in (1, 2, 3, 4)] == [
+        ("world 300", 300), ("world 301", 301), ("world 300", 300), ("world 301", 301)
+    ]  # fmt: skip
+    assert source.corpus(3).tasks.ids == source.corpus(1).tasks.ids  # revisited: an epoch
+    assert isinstance(source, WorldStream) and list(source.seeds(9)) == [300, 301]
+    assert list(WorldStream(300, WORLD).seeds(3)) == [300, 301, 302]  # no bank: fresh worlds
+    # a bank near the held-out worlds is refused only for the seeds it really trains on
+    near = dataclasses.replace(TASK, source="stream", stream_first_seed=4_998, stream_bank=2)
+    TrainConfig(task=near, steps=30)
+    with pytest.raises(ValueError, match=r"include the held-out world\(s\) \[5000\]"):
+        TrainConfig(task=dataclasses.replace(near, stream_bank=3), steps=30)
+
+
 def test_a_stream_that_would_train_on_a_held_out_world_is_refused():
     task = dataclasses.replace(TASK, source="stream", stream_first_seed=4_990)
     with pytest.raises(ValueError, match=r"include the held-out world\(s\) \[5000\]"):
@@ -207,6 +223,8 @@ def test_a_stream_over_the_warm_start_worlds_is_refused():
         ({"source": "file", "train_file": Path("x.jsonl")}, "needs --task.index"),
         ({"index": "runs/idx"}, "need --task.source file"),
         ({"unseen_world_seeds": (0,)}, "is also a held-out world"),
+        ({"stream_bank": 4}, "needs --task.source stream"),
+        ({"source": "stream", "stream_bank": -1}, "stream-bank -1"),
     ],
 )
 def test_task_configs_that_cannot_work_are_refused(fields, message):

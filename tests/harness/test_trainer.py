@@ -511,6 +511,14 @@ def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path, policy_dir)
     straight_state = torch.load(straight_dir / "checkpoints" / "step_000004" / "model.pt")
     for name, tensor in straight_state.items():
         torch.testing.assert_close(resumed_state[name], tensor, rtol=1e-5, atol=1e-6)
+    # the predictor (weights, Adam moments, memory, generator) comes back bit for bit
+    with (
+        np.load(killed_dir / "checkpoints" / "step_000004" / "predictor.npz") as resumed_p,
+        np.load(straight_dir / "checkpoints" / "step_000004" / "predictor.npz") as straight_p,
+    ):
+        assert resumed_p.files == straight_p.files
+        for key in straight_p.files:
+            assert np.array_equal(resumed_p[key], straight_p[key]), key
 
 
 @pytest.mark.slow
@@ -559,3 +567,66 @@ def assert_one_adam_step_alike(
     rounding = 4 * F32_EPS * (w0.abs() + lr)  # the weight's and the step's float32 rounding
     off = ((step_a - step_b).abs() > rounding) & saturated
     assert not off.any(), f"{name}: {int(off.sum())} saturated steps differ beyond rounding"
+
+
+@pytest.mark.slow
+def test_two_runs_of_one_seed_are_bit_identical_under_another_hash_seed_and_load(
+    tmp_path, policy_dir
+):
+    """`tracerl train` twice, the second with another PYTHONHASHSEED beside a busy process."""
+    from benchmarks.perf.determinism import HOG, compare_runs
+
+    steps = 3
+    for name, hash_seed in (("a", "1"), ("b", "2")):
+        hog = subprocess.Popen([sys.executable, "-c", HOG]) if name == "b" else None
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.cli",
+                    "train",
+                    *_cli_args(tmp_path / name, policy_dir, steps),
+                ],
+                env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": hash_seed},
+                capture_output=True,
+                text=True,
+                timeout=600,
+                check=False,
+            )
+        finally:
+            if hog is not None:
+                hog.kill()
+                hog.wait()
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    report = compare_runs(tmp_path / "a", tmp_path / "b")
+    assert report["steps_compared"] == steps
+    assert sum(r["stage2/continuations"] for r in read_metrics(tmp_path / "a")) > 0
+    assert sum(r["policy/n_train_leaves"] for r in read_metrics(tmp_path / "a")) > 0
+    assert report["identical"], report
+
+
+@pytest.mark.slow
+def test_grpo_resumed_or_as_dapo_without_a_batch_target_trains_the_same_weights(
+    tmp_path, policy_dir
+):
+    """Neither a resume nor DAPO's filter changes GRPO's run: logs and weights bit for bit."""
+    from benchmarks.perf.determinism import compare_runs
+
+    budget = BudgetConfig(currency="tokens", per_step=300, pool_size=4)
+
+    def run(name: str, alloc: str, steps: int, **overrides) -> Path:
+        config = small_config(tmp_path / name, policy_dir, steps=steps, budget=budget,
+                              alloc=AllocConfig.of(alloc), **overrides)  # fmt: skip
+        train(config)
+        return tmp_path / name
+
+    straight = run("straight", "uniform", 4)
+    run("resumed", "uniform", 2)
+    resumed = run("resumed", "uniform", 4, resume=True)
+    assert compare_runs(straight, resumed)["identical"]
+    report = compare_runs(straight, run("dapo", "dynamic_sampling", 4))
+    assert report["weights_differ"] == [] and report["predictor_differs"] == []
+    a, b = read_metrics(straight), read_metrics(tmp_path / "dapo")
+    assert [r["budget/tokens"] for r in a] == [r["budget/tokens"] for r in b]
+    assert sum(r["policy/n_train_leaves"] for r in a) > 0
