@@ -539,10 +539,10 @@ def run_checks(args: Args, report: dict[str, Any]) -> Iterator[tuple[str, Callab
         )
         back = state["weights"](policy)
         _require(all(torch.equal(back[n], w) for n, w in saved.items()), "weights did not reload")
-        rng_before = generator.rng.bit_generator.state
-        generator.rng.integers(10, size=3)
+        rng_before = generator.tree_step.rng.bit_generator.state
+        generator.tree_step.rng.integers(10, size=3)
         generator.load_state(tree_dir)
-        _require(generator.rng.bit_generator.state == rng_before, "tree state did not reload")
+        _require(generator.tree_step.rng.bit_generator.state == rng_before, "tree state did not reload")
         return {"saved_logit_gap": logit_gap, "client_states": sorted(client)}
 
     yield from [
