@@ -60,7 +60,7 @@ from harness.rollout.engine import TreeRolloutEngine  # noqa: E402
 from harness.rollout.episodes import EpisodeCodec, run_episodes  # noqa: E402
 from harness.training.checkpoint import write_dir_atomic  # noqa: E402
 from harness.training.run_guard import check_retriever  # noqa: E402
-from harness.training.tree_step import TreeStep  # noqa: E402  (the step the CPU trainer runs)
+from harness.training.tree_step import TreeStep, allocator_rng  # noqa: E402  (the step the CPU trainer runs)
 from retrieval.indexes import make_retriever  # noqa: E402
 from trace_alloc import Allocator, BudgetLimit, StepResult  # noqa: E402
 from trace_alloc.budget import Spend  # noqa: E402
@@ -173,12 +173,12 @@ class TreeSamplesGenerator(SamplesGenerator):
             predictor=config.predictor.build(seed=config.seed),
             flip_calibrator=config.predictor.build_flip_calibrator(),
             advantage=config.loss.advantage,
-            rng=np.random.default_rng(config.seed),
+            rng=allocator_rng(config.seed),
             tokens_per_leaf=float(args.rollout.max_new_tokens),  # first-wave guess (tokens)
         )
         """The allocator, budget, predictor and flip calibrator with their state between steps:
         the step the CPU trainer runs too."""
-        self.eval_rng = np.random.default_rng([config.seed, 1])  # evaluation never shifts training
+        self.eval_rng = np.random.default_rng([config.seed, 2])  # evaluation never shifts training
         self.unit = batch_unit(args)
         self.last_metrics: dict[str, Any] = {}
         """Tree metrics of the last `generate_samples` (effective ratio, budget, predictor)."""

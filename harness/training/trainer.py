@@ -82,7 +82,7 @@ from harness.training.openrlhf_compat import openrlhf_losses
 from harness.training.optimizers import DeepSpeedOptimizer, make_optimizer
 from harness.training.run_guard import FailureStreak, check_retriever, failure_cause
 from harness.training.task_sources import Tasks, TaskSource, build_tasks, sample_pool
-from harness.training.tree_step import TreeStep
+from harness.training.tree_step import TreeStep, allocator_rng
 from trace_alloc import Allocator, StepResult
 from trace_alloc.budget import Spend
 
@@ -413,7 +413,7 @@ def set_up(
             predictor=config.predictor.build(seed=config.seed),
             flip_calibrator=config.predictor.build_flip_calibrator(),
             advantage=config.loss.advantage,
-            rng=np.random.default_rng([config.seed, 1]),
+            rng=allocator_rng(config.seed),
             tokens_per_leaf=config.budget.tokens_per_leaf_guess,
         ),
         optimizer=make_optimizer(

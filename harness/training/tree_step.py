@@ -42,7 +42,12 @@ from trace_alloc import (
 from trace_alloc.advantages import LeafAdvantage
 from trace_alloc.budget import Spend
 
-__all__ = ["TreeStep", "TreeStepOutput"]
+__all__ = ["TreeStep", "TreeStepOutput", "allocator_rng"]
+
+
+def allocator_rng(seed: int) -> np.random.Generator:
+    """The allocator's generator of a run seeded `seed`: the same stream in both trainers."""
+    return np.random.default_rng([seed, 1])
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
