@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -43,8 +45,8 @@ def load_plugin(
     """Import `MODULE:CLASS`, build it with `kwargs`, and check it against `protocol`.
 
     Args:
-        spec: `package.module:Name`; the module is imported as Python imports it (the current
-            directory and `PYTHONPATH` included).
+        spec: `package.module:Name`, imported from `PYTHONPATH`, the installed packages, or
+            the current directory.
         protocol: A `runtime_checkable` Protocol the built object must satisfy.
         kwargs: Keyword arguments for the class (none if None).
         flag: The flag that named it, for messages (`--allocator`).
@@ -61,7 +63,7 @@ def load_plugin(
     if not sep or not module_name or not attr:
         raise PluginError(f"{flag} {spec!r}: expected MODULE:CLASS, e.g. my_package.rules:Greedy")
     try:
-        module = importlib.import_module(module_name)
+        module = _import(module_name)
     except ModuleNotFoundError as err:
         raise PluginError(
             f"{flag} {spec!r}: no module named {err.name!r} (is it on PYTHONPATH, or in the "
@@ -89,6 +91,18 @@ def load_plugin(
             f"{', '.join(missing) or 'a member'} (docs/extending.md)"
         )
     return obj
+
+
+def _import(name: str) -> Any:
+    """Import `name`, from the current directory too (a console script's path lacks it)."""
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        here = os.getcwd()
+        if here in sys.path or not (err.name and name.startswith(err.name)):
+            raise
+        sys.path.append(here)  # last: never shadows an installed module
+        return importlib.import_module(name)
 
 
 def _members(protocol: type) -> list[str]:
