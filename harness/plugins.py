@@ -87,7 +87,8 @@ def load_plugin(
     missing = [name for name in _members(protocol) if not hasattr(obj, name)]
     if missing or not isinstance(obj, protocol):
         raise PluginError(
-            f"{flag} {spec!r}: a {type(obj).__name__} is not a {protocol.__name__}: it lacks "
+            f"{flag} {spec!r}: {type(obj).__name__} does not follow the {protocol.__name__} "
+            "protocol: it lacks "
             f"{', '.join(missing) or 'a member'} (docs/extending.md)"
         )
     return obj

@@ -157,6 +157,6 @@ def test_a_bad_plug_fails_before_the_run_directory_is_made(tmp_path):
     run_dir = tmp_path / "run"
     with pytest.raises(PluginError, match="has no attribute 'Nope'"):
         train_command(["--run-dir", str(run_dir), "--allocator", f"{__name__}:Nope"])
-    with pytest.raises(PluginError, match="is not a TaskSource"):
+    with pytest.raises(PluginError, match="does not follow the TaskSource protocol"):
         train_command(["--run-dir", str(run_dir), "--task-source", f"{__name__}:TwoEach"])
     assert not run_dir.exists()
