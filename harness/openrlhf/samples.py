@@ -31,7 +31,6 @@ import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -314,7 +313,6 @@ class TreeSamplesGenerator(SamplesGenerator):
         Returns:
             One experience per kept leaf, then fillers up to a multiple of `unit`.
         """
-        start = time.perf_counter()
         tasks = [self._task(label) for label in labels]
         first: dict[str, int] = {}
         for i, task in enumerate(tasks):
@@ -336,7 +334,6 @@ class TreeSamplesGenerator(SamplesGenerator):
         )
         self.last_step = out.result
         self.last_metrics = dict(out.metrics)
-        self.last_metrics["perf/step_s"] = time.perf_counter() - start
         self.last_metrics["rollout/n_train_leaves"] = float(len(experiences))
         self.last_metrics["rollout/n_fillers"] = float(len(padded) - len(experiences))
         return padded
