@@ -11,8 +11,10 @@ the steps, whose phases run in order (`_step`):
 2. **rollout**: `TreeRolloutEngine.run_step` lets the allocator spend exactly the step's budget
    (leaves or generated tokens) on roots and turn prefixes (`trace_alloc.run_step`);
 3. **predictor**: score Ṽψ on every root and prefix of the step's trees *before* it learns
-   them (Brier, AUC), then fit it to V̂, the mean leaf reward under each node;
-4. **advantages**: `trace_alloc.tree_advantages` on the trees the allocator says to train on;
+   them (Brier, AUC), then fit it to V̂, the mean leaf reward under each node; then fit the
+   flip calibrator on the step's Stage-2 flips;
+4. **advantages**: `trace_alloc.tree_advantages` on the trees the allocator says to train on
+   (phases 2-4 are `harness.training.tree_step.TreeStep`, which the OpenRLHF trainer runs too);
 5. **update**: every leaf with signal is one sequence; OpenRLHF's `PolicyLoss` on its action
    tokens (observations masked), plus `compute_approx_kl` against the frozen start policy when
    `loss.kl_coef > 0`; one optimizer step per PPO epoch, none on a step without signal (logged
@@ -26,8 +28,9 @@ Under `torchrun --nproc_per_node N` the same loop runs data-parallel: rollouts a
 rank wave by wave, leaves are dealt to ranks, the loss is the global token mean, and only rank 0
 writes files (`harness.training.distributed`).
 
-A baseline is an allocator name (`alloc.name`), never another trainer: every method goes
-through the same engine, budget, advantages and loss. `train(config)` returns a summary, so
+A baseline is an allocator name (`alloc.name`) or a user's allocator (`train(config,
+allocator=...)`, docs/extending.md), never another trainer: every method goes through the same
+engine, budget, advantages and loss. `train(config)` returns a summary, so
 an experiment script can run many configurations from Python.
 """
 
@@ -205,7 +208,7 @@ class Run:
 
 @dataclass(slots=True)
 class Progress:
-    """Where the run stands: what changes step to step and a checkpoint saves."""
+    """Where the run stands in its data (the allocator's state is `Run.tree_step`'s)."""
 
     step: int
     """The last finished step (0 before the first)."""
