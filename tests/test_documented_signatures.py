@@ -114,3 +114,22 @@ def test_the_comment_form_of_a_hit_is_keyword_too():
         for shown in re.findall(r"Hit\(([^)]*)\)", path.read_text(encoding="utf-8")):
             if shown and shown != "...":
                 assert all("=" in part for part in shown.split(",")), f"{path.name}: Hit({shown})"
+
+
+def test_the_extending_pages_member_tables_match_the_protocols():
+    """docs/extending.md lists each protocol's methods as `name(args)`: the code's parameters."""
+    from harness.policies import PolicyBackend
+    from harness.training import TaskSource
+
+    owners = (trace_alloc.Allocator, TaskSource, PolicyBackend)
+    text = (ROOT / "docs" / "extending.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)\(([^)]*)\)[^`]*` \|", text, re.M)
+    checked = set()
+    for name, args in rows:
+        owner = next((o for o in owners if name in vars(o)), None)
+        assert owner is not None, f"docs/extending.md documents {name}(), which no protocol has"
+        documented = [a.strip() for a in args.split(",") if a.strip() not in ("", "*")]
+        code = [n for n, _ in _code_signature(getattr(owner, name)) if n != "self"]
+        assert documented == code, f"docs/extending.md: {name}({args}) but the code has {code}"
+        checked.add(name)
+    assert {"ask", "train_indices", "corpus", "seed"} <= checked
