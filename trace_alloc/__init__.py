@@ -19,7 +19,7 @@ from trace_alloc.allocators import (
     Uniform,
     make_allocator,
 )
-from trace_alloc.base import AllocPlan, Allocator, AllocView, Executor, Predictor, RolloutRequest
+from trace_alloc.base import Allocator, AllocPlan, AllocView, Executor, Predictor, RolloutRequest
 from trace_alloc.budget import BudgetLimit
 from trace_alloc.calibration import learn_from_step
 from trace_alloc.driver import StepResult, run_step
