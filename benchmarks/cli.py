@@ -69,6 +69,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "harness.training.cli:doctor",
         "check the machine, toolchain and a run's layout before a GPU run (--json)",
     ),
+    "gpu-check": (
+        "harness.openrlhf.gpu_check:command",
+        "one-GPU check of the OpenRLHF trainer half, without Ray or vLLM (--device cpu too)",
+    ),
+    "smoke-data": (
+        "harness.openrlhf.smoke_data:command",
+        "write the GPU smoke's prompt files and BM25 index (the synthetic world)",
+    ),
 }
 
 # `tracerl train --backend NAME` -> the trainer's own command

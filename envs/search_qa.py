@@ -928,7 +928,12 @@ def _cached(node: _Turn | None, kind: str, key: str) -> _Turn | None:
 
 def _advice(err: BaseException) -> str:
     """What to do about a retriever's error: only an outage is worth retrying."""
-    if isinstance(err, TypeError | ValueError):  # RequestRejected (a 4xx) is a ValueError
+    if isinstance(err, TypeError):  # the retriever's own code, not a limit a query can break
+        return (
+            "the retriever's own code raised TypeError (a bug in it, or a call it does not "
+            "take), so retrying cannot help: the traceback above shows where"
+        )
+    if isinstance(err, ValueError):  # RequestRejected (a 4xx) is a ValueError
         return (
             "the retriever refused this query, so retrying cannot help: check that its limits "
             f"(e.g. a server's max_query_chars) allow queries of {MAX_CONTENT_CHARS} characters"

@@ -290,6 +290,9 @@ class EnvSnapshot:
         """The snapshot as one compact, ASCII-only JSON text (see `_json_str`)."""
         return _json_str(self.to_dict())
 
+    def __getattr__(self, name: str) -> Any:
+        raise _removed(type(self).__name__, name)
+
     @classmethod
     def from_json(cls, text: str) -> EnvSnapshot:
         """Inverse of `to_json`: the snapshot in a JSON text.
@@ -340,6 +343,27 @@ class EnvSnapshot:
         )
         check_snapshot_schema(snap)
         return snap
+
+
+_RENAMED = {"to_json_str": "to_json"}
+"""Methods a snapshot no longer has, and what replaced them (no alias: docs/decisions.md,
+"Actions, snapshots and forking")."""
+
+
+def _removed(owner: str, name: str) -> AttributeError:
+    """The error for a missing attribute, naming the replacement of a removed method.
+
+    >>> print(_removed("EnvSnapshot", "to_json_str"))
+    EnvSnapshot.to_json_str() was removed: call to_json() (the JSON text; to_dict() gives the dict)
+    >>> print(_removed("EnvSnapshot", "nope"))
+    'EnvSnapshot' object has no attribute 'nope'
+    """
+    new = _RENAMED.get(name)
+    if new is None:
+        return AttributeError(f"{owner!r} object has no attribute {name!r}")
+    return AttributeError(
+        f"{owner}.{name}() was removed: call {new}() (the JSON text; to_dict() gives the dict)"
+    )
 
 
 def task_fingerprint(question: str, golden_answers: Sequence[str]) -> str:
@@ -431,6 +455,9 @@ class WrapperSnapshot:
     def to_json(self) -> str:
         """The snapshot as one compact, ASCII-only JSON text (see `_json_str`)."""
         return _json_str(self.to_dict())
+
+    def __getattr__(self, name: str) -> Any:
+        raise _removed(type(self).__name__, name)
 
     @classmethod
     def from_json(cls, text: str) -> WrapperSnapshot:

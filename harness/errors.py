@@ -13,6 +13,7 @@ __all__ = [
     "EngineTimeoutError",
     "HarnessError",
     "MalformedReply",
+    "PluginError",
     "RankMismatchError",
     "Refused",
     "ResumeError",
@@ -43,6 +44,10 @@ class MalformedReply(EndpointRejected):
 
 class EngineTimeoutError(HarnessError, TimeoutError):
     """Generation engines did not answer within their timeout (a hung vLLM engine)."""
+
+
+class PluginError(HarnessError, ValueError):
+    """A user's `MODULE:CLASS` cannot be imported, built, or is not the protocol it plugs into."""
 
 
 class ResumeError(HarnessError, ValueError):

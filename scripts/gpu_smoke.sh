@@ -94,7 +94,7 @@ if [[ -z "$CHECK_ONLY" ]]; then
     echo "flash-attn not installed: the run uses sdpa attention (make install-gpu FLASH_ATTN=0)"
 fi
 [[ -f "$POLICY/tiny_policy.json" ]] || fail "$POLICY is not a tiny policy (no tiny_policy.json)"
-"$PYTHON" scripts/gpu_smoke_data.py --out "$RUN/data" >>"$RUN/smoke.log" 2>&1 ||
+"$PYTHON" -m benchmarks.cli smoke-data --out "$RUN/data" >>"$RUN/smoke.log" 2>&1 ||
   fail "could not write the synthetic prompts and index"
 
 # A budget of 16 leaves per step (8 prompts x 2), one optimizer window per training step; the

@@ -41,7 +41,7 @@ HARNESS_ROOMS: dict[str, set[str]] = {
         "harness.training",
     },
 }
-HARNESS_SHARED = {"harness.errors", "harness.lazy"}
+HARNESS_SHARED = {"harness.errors", "harness.lazy", "harness.plugins"}
 # benchmarks' rooms -> the rooms (and shared top-level modules) each may import
 ROOMS: dict[str, set[str]] = {
     "benchmarks.perf": {"benchmarks.perf", "benchmarks.meta"},

@@ -6,7 +6,8 @@ diagnostics. See docs/trace_alloc.md.
 
 This face holds what a user calls; the rest is imported from its module: the solvers
 (`trace_alloc.solvers`), calibration reports, tree statistics and training examples
-(`trace_alloc.tree`), the allocator-writing types (`trace_alloc.base`).
+(`trace_alloc.tree`, `Segment` among them). An allocator of your own implements `Allocator`: its
+`ask` reads an `AllocView` and answers an `AllocPlan` of `RolloutRequest`s (docs/extending.md).
 """
 
 from trace_alloc.advantages import tree_advantages
@@ -18,7 +19,7 @@ from trace_alloc.allocators import (
     Uniform,
     make_allocator,
 )
-from trace_alloc.base import Allocator, Executor, Predictor, RolloutRequest
+from trace_alloc.base import Allocator, AllocPlan, AllocView, Executor, Predictor, RolloutRequest
 from trace_alloc.budget import BudgetLimit
 from trace_alloc.calibration import learn_from_step
 from trace_alloc.driver import StepResult, run_step
@@ -32,10 +33,12 @@ from trace_alloc.errors import (
 from trace_alloc.flip_calibrator import FlipCalibrator
 from trace_alloc.memory import MemoryPredictor
 from trace_alloc.predictor import ConstantPredictor, HashedNgramFeaturizer, MLPPredictor
-from trace_alloc.tree import Node, Prompt, Rollout, RolloutTree, Segment, Turn
+from trace_alloc.tree import Node, Prompt, Rollout, RolloutTree, Turn
 
 __all__ = [
     "AllocError",
+    "AllocPlan",
+    "AllocView",
     "Allocator",
     "BudgetExceededError",
     "BudgetLimit",
@@ -55,7 +58,6 @@ __all__ = [
     "Rollout",
     "RolloutRequest",
     "RolloutTree",
-    "Segment",
     "StepResult",
     "Trace",
     "TreeFormatError",

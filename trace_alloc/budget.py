@@ -70,12 +70,17 @@ class BudgetLimit:
     """`leaves` (trajectories) or `tokens` (generated tokens, reused prefixes excluded)."""
     per_step: int = 512
     """Budget of one training step, in `currency`."""
+    max_waves: int = 64
+    """Safety bound on the allocator's waves per step (the trainers set 16: docs/decisions.md,
+    "One tree step")."""
 
     def __post_init__(self) -> None:
         if self.currency not in ("leaves", "tokens"):
             raise ValueError(f"currency={self.currency!r}: must be 'leaves' or 'tokens'")
         if self.per_step < 1:
             raise ValueError(f"per_step={self.per_step}: a step needs a positive budget")
+        if self.max_waves < 1:
+            raise ValueError(f"max_waves={self.max_waves}: a step needs at least one wave")
 
     @property
     def exact(self) -> bool:

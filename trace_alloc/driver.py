@@ -3,8 +3,8 @@
 `run_step` builds one tree per prompt, then repeats a *wave*: show the allocator the forest and
 the budget left, take its requests, hand them to the executor (batched), attach the rollouts,
 meter the spend. It stops when the budget is spent, the allocator returns nothing, or
-`max_waves` is reached. In the token currency it stops issuing once the limit is reached and
-returns the signed difference as `carry`, which the caller passes to the next step: debt (an
+`budget.max_waves` is reached. In the token currency it stops issuing once the limit is reached
+and returns the signed difference as `carry`, which the caller passes to the next step: debt (an
 overshoot) shrinks the next step's limit and credit (an undershoot) grows it, so equal budget
 holds exactly in aggregate (docs/trace_alloc.md, "Budget").
 """
@@ -78,7 +78,6 @@ def run_step(
     predictor: Predictor | None = None,
     carry: float = 0.0,
     tokens_per_leaf: float | None = None,
-    max_waves: int = 64,
     flip_calibration: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> StepResult:
     """Spend one step's budget on rollouts from `prompts`, as `allocator` directs.
@@ -87,14 +86,13 @@ def run_step(
         allocator: the strategy (see `trace_alloc.allocators.ALLOCATORS`).
         prompts: the candidate pool, in sampling order.
         execute: runs requests to the end (the engine or the simulator).
-        budget: limiting currency and per-step amount.
+        budget: limiting currency, per-step amount and wave cap.
         rng: the only source of randomness of the allocator.
         predictor: Ṽψ, for the allocators that use one.
         carry: the previous step's `StepResult.carry` (0 for the first step).
         tokens_per_leaf: token-currency cost of a leaf before any leaf of this step exists (the
             previous step's `StepResult.tokens_per_leaf`, or a guess); later waves use the cost
             measured on the previous wave. Required for the token currency.
-        max_waves: safety bound on the number of waves.
         flip_calibration: maps Stage 2's raw flip chances to calibrated ones (a
             `FlipCalibrator` fitted on earlier steps); None leaves them raw.
 
@@ -115,7 +113,7 @@ def run_step(
     limit = budget.per_step - carry
     spent = Spend()
     waves: list[WaveRecord] = []
-    for wave in range(max_waves):
+    for wave in range(budget.max_waves):
         remaining = limit - spent.amount(budget.currency)
         leaves_left = budget.leaves_left(remaining, _tokens_per_leaf(waves, tokens_per_leaf))
         if leaves_left <= 0:

@@ -161,6 +161,14 @@ def bad_command_lines(scratch: Path) -> dict[str, list[str]]:
         "plot: empty run folder": ["plot", str(empty)],
         "doctor: nodes not a number": ["doctor", "--nodes", "zero"],
         "doctor: unknown flag": ["doctor", "--no-such-flag"],
+        "train: allocator not MODULE:CLASS": ["train", *run, "--allocator", "greedy"],
+        "train: allocator module missing": ["train", *run, "--allocator", "no_such_mod:Rule"],
+        "train: allocator kwargs not JSON": [
+            "train", *run, "--allocator", "trace_alloc:Uniform", "--allocator-kwargs", "{x: 1}",
+        ],
+        "train: task source not one": ["train", *run, "--task-source", "trace_alloc:Uniform"],
+        "gpu-check: unknown flag": ["gpu-check", "--no-such-flag"],
+        "smoke-data: no --out": ["smoke-data"],
         "unknown command": ["frobnicate"],
     }  # fmt: skip
     named = {argv[0] for argv in cases.values()}

@@ -25,6 +25,8 @@ The face for Python callers; `tracerl bench` is `run_bench` behind a command lin
   questions), `t_interval` (over seeds).
 """
 
+from typing import TYPE_CHECKING
+
 from harness.evaluation.agents import (
     Agent,
     DecompositionOracle,
@@ -42,15 +44,6 @@ from harness.evaluation.bench import (
     make_agent,
     run_bench,
 )
-from harness.evaluation.demo import (
-    DemoConfig,
-    demo_test_sets,
-    demo_train_config,
-    evaluate_test_sets,
-    kind_em,
-    run_demo,
-    train_or_reuse,
-)
 from harness.evaluation.evaluation import (
     EpisodeRecord,
     Report,
@@ -65,6 +58,18 @@ from harness.evaluation.stats import (
     per_question_mean,
     t_interval,
 )
+from harness.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from harness.evaluation.demo import (
+        DemoConfig,
+        demo_test_sets,
+        demo_train_config,
+        evaluate_test_sets,
+        kind_em,
+        run_demo,
+        train_or_reuse,
+    )
 
 __all__ = [
     "Agent",
@@ -98,3 +103,14 @@ __all__ = [
     "train_or_reuse",
     "write_reports",
 ]
+
+# the demo trains (the training room, trace_alloc): loaded on first use, so that `tracerl bench`
+# imports neither
+__getattr__ = lazy_names(
+    __name__,
+    {
+        name: "harness.evaluation.demo"
+        for name in ("DemoConfig", "demo_test_sets", "demo_train_config", "evaluate_test_sets",
+                     "kind_em", "run_demo", "train_or_reuse")
+    },
+)  # fmt: skip

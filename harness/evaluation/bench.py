@@ -79,7 +79,6 @@ from harness.policies.policy_protocol import (
     PolicyProtocolError,
     read_policy_protocol,
 )
-from harness.training.task_sources import fact_disjoint_questions
 from retrieval import (
     BM25Retriever,
     CachedRetriever,
@@ -178,6 +177,9 @@ def _load_synthetic(args: DataArgs) -> LoadedData:
         )
     world = World.generate(args.world_seed, args.world)
     if split == "fact_disjoint":  # questions of a larger draw of the same world (same corpus)
+        # the training room's split, imported only for this set (bench otherwise loads none)
+        from harness.training.task_sources import fact_disjoint_questions
+
         world, tasks = fact_disjoint_questions(world, world.split().train)
     else:
         tasks = world.tasks if split == "all" else getattr(world.split(), split)

@@ -26,11 +26,13 @@ from pathlib import Path
 
 from envs.search_qa import SearchQAConfig
 from harness.training.config import (
+    TRAINER_MAX_WAVES,
     AbortConfig,
     AdvantageConfig,
     AllocConfig,
     Currency,
     PredictorConfig,
+    UserAllocatorFlags,
 )
 
 __all__ = ["TreeBudgetConfig", "TreeTrainConfig"]
@@ -46,6 +48,8 @@ class TreeBudgetConfig:
     per_step: int | None = None
     """Generated tokens per step; required with `--budget.currency tokens` (a leaf budget comes
     from OpenRLHF's flags)."""
+    max_waves: int = TRAINER_MAX_WAVES
+    """Safety bound on allocator waves per step (the CPU trainer's `--budget.max-waves`)."""
 
     def __post_init__(self) -> None:
         if self.currency == "tokens" and (self.per_step is None or self.per_step < 1):
@@ -58,8 +62,10 @@ class TreeBudgetConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TreeTrainConfig:
+class TreeTrainConfig(UserAllocatorFlags):
     """Tree-rollout settings of an OpenRLHF run; OpenRLHF's own flags follow `--`.
+
+    `--allocator MODULE:CLASS` plugs in an allocator of your own (docs/extending.md).
 
     `tracerl train --backend openrlhf -- --help` lists OpenRLHF's flags; docs/openrlhf.md and
     scripts/train_qwen3_8b_hotpotqa.sh show a whole command.
@@ -114,5 +120,6 @@ class TreeTrainConfig:
     the leaves with a training signal per step (`harness.openrlhf.rehearsal`)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.rehearse_steps and not self.check_only:
             raise ValueError("--rehearse-steps is a --check-only option")

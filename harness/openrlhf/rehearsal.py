@@ -62,7 +62,7 @@ def read_prompt_file(args: Any) -> PromptList:
     if not path.is_file():
         raise HarnessError(
             f"--data.prompt_dataset {path}: a rehearsal reads a local JSON-lines file "
-            "(scripts/prepare_hotpotqa.py and scripts/gpu_smoke_data.py write one)"
+            "(scripts/prepare_hotpotqa.py and `tracerl smoke-data` write one)"
         )
     prompts: list[Any] = []
     labels: list[Any] = []

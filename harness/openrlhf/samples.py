@@ -4,20 +4,17 @@ OpenRLHF 0.11.2's `SamplesGenerator.generate_samples` sends each prompt to one v
 `--rollout.n_samples_per_prompt` independent agent runs. A TRACE step is different: the allocator
 decides, wave by wave, how many rollouts each prompt of the pool gets and at which turn prefixes
 the trees fork (docs/design.md §1), so the number of leaves per prompt varies. So this subclass
-replaces generation with one call to `harness.rollout.engine.TreeRolloutEngine.run_step`, whose
-policy is `RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and keeps in sync;
-after the step it:
+replaces generation with one call to `harness.training.tree_step.TreeStep.run`, the step the CPU
+trainer runs too (rollouts, predictor and flip calibrator, tree advantages, the leaves with
+signal), whose policy is `RayEnginesBackend` over the same Ray vLLM engines OpenRLHF created and
+keeps in sync; after the step it:
 
-1. trains the predictor Ṽψ on the step's tree targets (after measuring its calibration on them);
-2. computes per-turn tree advantages (`trace_alloc.tree_advantages`) on the trees the allocator
-   keeps for training;
-3. turns every leaf into an `Experience` with those advantages already in place
+1. turns every leaf with signal into an `Experience` with its advantages already in place
    (`harness.openrlhf.experience`), for `TreeExperienceMaker` to keep;
-4. drops the leaves whose advantages are all zero, leaves out of the advantages those that a
-   fault ended (`harness.rollout.engine.leaves_to_train`), and pads the count to a multiple of the
-   training batch with short zero-weight fillers (action mask 0), because OpenRLHF splits a
-   step's samples evenly over its data-parallel ranks. Neither counts in OpenRLHF's loss
-   normalisers, so the objective is the CPU trainer's (docs/decisions.md, "One objective").
+2. pads the count to a multiple of the training batch with short zero-weight fillers (action
+   mask 0), because OpenRLHF splits a step's samples evenly over its data-parallel ranks.
+   Fillers count in none of OpenRLHF's loss normalisers, so the objective is the CPU trainer's
+   (docs/decisions.md, "One objective").
 
 The prompt dataset's label column (`--data.label_key`) holds each question's `QATask` JSON
 (`scripts/prepare_hotpotqa.py` writes it); the environment builds its own Search-R1 prompt from
@@ -34,7 +31,6 @@ import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import time  # noqa: E402
 from collections.abc import Iterator, Sequence  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
@@ -59,13 +55,13 @@ from harness.openrlhf.experience import (  # noqa: E402
 )
 from harness.policies.base import PolicyBackend, SamplingParams  # noqa: E402
 from harness.policies.openrlhf_ray import RayEnginesBackend  # noqa: E402
-from harness.rollout.engine import TreeRolloutEngine, leaves_to_train  # noqa: E402
+from harness.rollout.engine import TreeRolloutEngine  # noqa: E402
 from harness.rollout.episodes import EpisodeCodec, run_episodes  # noqa: E402
 from harness.training.checkpoint import write_dir_atomic  # noqa: E402
-from harness.training.metrics_log import advantage_metrics, rollout_metrics  # noqa: E402  (shared with the CPU trainer)
 from harness.training.run_guard import check_retriever  # noqa: E402
+from harness.training.tree_step import TreeStep, allocator_rng  # noqa: E402  (the step the CPU trainer runs)
 from retrieval.indexes import make_retriever  # noqa: E402
-from trace_alloc import BudgetLimit, StepResult, learn_from_step  # noqa: E402
+from trace_alloc import Allocator, BudgetLimit, StepResult  # noqa: E402
 from trace_alloc.budget import Spend  # noqa: E402
 
 __all__ = ["STATE_SCHEMA_VERSION", "ChatTemplateCodec", "TreeSamplesGenerator"]
@@ -106,6 +102,8 @@ class TreeSamplesGenerator(SamplesGenerator):
         backend: The policy the tree engine samples from; None (the training run): a
             `RayEnginesBackend` over `vllm_engines`. `harness.openrlhf.rehearsal` passes a
             `TransformersBackend` to play the same steps without Ray or vLLM.
+        allocator: An allocator of your own (the `trace_alloc.Allocator` protocol); None: the
+            one `config.allocator` or `config.alloc` names (docs/extending.md).
 
     Raises:
         HarnessError: a label that is not a task's JSON, or settings that cannot work.
@@ -121,6 +119,7 @@ class TreeSamplesGenerator(SamplesGenerator):
         *,
         config: TreeTrainConfig,
         backend: PolicyBackend | None = None,
+        allocator: Allocator | None = None,
     ) -> None:
         super().__init__(strategy, prompts_dataloader, eval_dataloader, tokenizer, vllm_engines)
         args = self.args
@@ -149,38 +148,45 @@ class TreeSamplesGenerator(SamplesGenerator):
             temperature=args.rollout.temperature,
             top_p=args.rollout.top_p,
         )
-        self.engine = TreeRolloutEngine(
-            self.backend,
-            self.env,
-            self.codec,
-            sampling=self.sampling,
-            max_total_tokens=args.data.max_len,
-            seed=config.seed,
-        )
-        self.predictor = config.predictor.build(seed=config.seed)
-        self.flip_calibrator = config.predictor.build_flip_calibrator()
         per_step = (
             args.rollout.batch_size * args.rollout.n_samples_per_prompt
             if config.budget.currency == "leaves"
             else config.budget.per_step
         )
         assert per_step is not None  # TreeBudgetConfig checks it
-        self.budget = BudgetLimit(currency=config.budget.currency, per_step=per_step)
-        self.rng = np.random.default_rng(config.seed)
-        self.eval_rng = np.random.default_rng([config.seed, 1])  # evaluation never shifts training
+        self.tree_step = TreeStep(
+            engine=TreeRolloutEngine(
+                self.backend,
+                self.env,
+                self.codec,
+                sampling=self.sampling,
+                max_total_tokens=args.data.max_len,
+                seed=config.seed,
+            ),
+            allocator=allocator or config.build_allocator(config.alloc),
+            budget=BudgetLimit(
+                currency=config.budget.currency,
+                per_step=per_step,
+                max_waves=config.budget.max_waves,
+            ),
+            predictor=config.predictor.build(seed=config.seed),
+            flip_calibrator=config.predictor.build_flip_calibrator(),
+            advantage=config.loss.advantage,
+            rng=allocator_rng(config.seed),
+            tokens_per_leaf=float(args.rollout.max_new_tokens),  # first-wave guess (tokens)
+        )
+        """The allocator, budget, predictor and flip calibrator with their state between steps:
+        the step the CPU trainer runs too."""
+        self.eval_rng = np.random.default_rng([config.seed, 2])  # evaluation never shifts training
         self.unit = batch_unit(args)
-        self.carry = 0.0
-        self.tokens_per_leaf = float(args.rollout.max_new_tokens)  # first-wave guess (tokens)
-        self.last_metrics: dict[str, float] = {}
+        self.last_metrics: dict[str, Any] = {}
         """Tree metrics of the last `generate_samples` (effective ratio, budget, predictor)."""
-        self.spent = Spend()
-        """Budget spent since the start of the run (saved with the tree state)."""
         self.last_step: StepResult | None = None
         self._dataloader_iter: Iterator[Any] | None = None
         log.info(
             "tree rollouts: allocator %s, %s budget %d per step, %s advantages, %d tasks, "
             "samples padded to a multiple of %d",
-            type(config.alloc.build()).__name__,
+            type(self.tree_step.allocator).__name__,
             config.budget.currency,
             per_step,
             config.loss.advantage,
@@ -307,37 +313,17 @@ class TreeSamplesGenerator(SamplesGenerator):
         Returns:
             One experience per kept leaf, then fillers up to a multiple of `unit`.
         """
-        start = time.perf_counter()
         tasks = [self._task(label) for label in labels]
         first: dict[str, int] = {}
         for i, task in enumerate(tasks):
             first.setdefault(task.task_id, i)  # a question drawn twice is played once
         if isinstance(self.backend, RayEnginesBackend):
             self.backend.reset_routing()  # OpenRLHF reset the engines' prefix caches at the sync
-        self.engine.reset_stats()
-        result = self.engine.run_step(
-            self.config.alloc.build(),
-            list(first),
-            budget=self.budget,
-            rng=self.rng,
-            predictor=self.predictor,
-            carry=self.carry,
-            tokens_per_leaf=self.tokens_per_leaf,
-            flip_calibration=self.flip_calibrator,
-        )
-        self.carry = result.carry
-        if result.spent.n_leaves:
-            self.tokens_per_leaf = result.tokens_per_leaf
-        rollout_s = time.perf_counter() - start
-        metrics = _step_metrics(result, self.engine.stats.tokens_per_s, rollout_s)
-        metrics |= self._update_predictor(result, metrics)
-        kept = [result.trees[i] for i in result.train_indices]
-        # leaves without signal carry no weight and leaves a fault ended are left out of the
-        # advantages, as in the CPU trainer (docs/decisions.md)
-        leaves, n_failed = leaves_to_train(kept, self.config.loss.advantage)
+        out = self.tree_step.run(list(first))
+        kept = out.kept
         experiences = experiences_from_leaves(
             kept,
-            leaves,
+            out.leaves,
             max_len=self.args.data.max_len,
             prompts=[prompts[first[t.prompt_id]] for t in kept],
             labels=[labels[first[t.prompt_id]] for t in kept],
@@ -346,23 +332,11 @@ class TreeSamplesGenerator(SamplesGenerator):
         padded = spread_over_ranks(
             pad_to_multiple(experiences, self.unit), len(experiences), actor_ranks(self.args)
         )
-        self.last_step = result
-        self.last_metrics = metrics
-        self.last_metrics.update(advantage_metrics(kept, leaves))
+        self.last_step = out.result
+        self.last_metrics = dict(out.metrics)
         self.last_metrics["rollout/n_train_leaves"] = float(len(experiences))
         self.last_metrics["rollout/n_fillers"] = float(len(padded) - len(experiences))
-        self.last_metrics["rollout/failed_leaves_excluded"] = float(n_failed)
-        self.spent = self.spent + result.spent
-        self.last_metrics["budget/total_leaves"] = float(self.spent.n_leaves)
-        self.last_metrics["budget/total_tokens"] = float(self.spent.n_tokens)
-        self.last_metrics["budget/total_tool_calls"] = float(self.spent.n_tool_calls)
         return padded
-
-    def _update_predictor(self, result: StepResult, metrics: dict[str, Any]) -> dict[str, float]:
-        """Learn the step's nodes; fit the flip calibration on its flips (from `metrics`)."""
-        if self.flip_calibrator is not None:  # fitted on this step's flips, used from the next
-            self.flip_calibrator.observe(metrics["stage2/p_flip_raw"], metrics["stage2/flipped"])
-        return learn_from_step(self.predictor, result.trees)
 
     # --- state for checkpoints ---
 
@@ -371,21 +345,20 @@ class TreeSamplesGenerator(SamplesGenerator):
 
         A process killed while writing leaves the previous state of `directory` (or none).
         """
+        step = self.tree_step
         state = {
             "schema_version": STATE_SCHEMA_VERSION,
-            "carry": self.carry,
-            "tokens_per_leaf": self.tokens_per_leaf,
-            "rng": self.rng.bit_generator.state,
-            "engine_rng": self.engine.rng_state(),
-            "spent": dataclasses.asdict(self.spent),
+            "carry": step.carry,
+            "tokens_per_leaf": step.tokens_per_leaf,
+            "rng": step.rng.bit_generator.state,
+            "engine_rng": step.engine.rng_state(),
+            "spent": dataclasses.asdict(step.spent),
         }
         if isinstance(self.backend, RayEnginesBackend):  # --seeded-requests draws from it
             state["backend_rng"] = self.backend.rng_state()
 
         def write(tmp: Path) -> None:
-            arrays: dict[str, Any] = dict(self.predictor.state_dict())
-            if self.flip_calibrator is not None:
-                arrays |= self.flip_calibrator.state_dict()
+            arrays: dict[str, Any] = step.predictor_state()
             np.savez(tmp / "predictor.npz", **arrays)
             (tmp / "state.json").write_text(json.dumps(state, indent=1))
 
@@ -411,14 +384,13 @@ class TreeSamplesGenerator(SamplesGenerator):
                 f"{directory / 'state.json'} has schema_version {state.get('schema_version')!r}, "
                 f"this trace-rl reads {STATE_SCHEMA_VERSION}"
             )
-        self.predictor.load_state_dict(predictor_state)
-        if self.flip_calibrator is not None:
-            self.flip_calibrator.load_state_dict(predictor_state)
-        self.carry = float(state["carry"])
-        self.tokens_per_leaf = float(state["tokens_per_leaf"])
-        self.rng.bit_generator.state = state["rng"]
-        self.engine.set_rng_state(state["engine_rng"])
-        self.spent = Spend(**state["spent"])
+        step = self.tree_step
+        step.load_predictor_state(predictor_state)
+        step.carry = float(state["carry"])
+        step.tokens_per_leaf = float(state["tokens_per_leaf"])
+        step.rng.bit_generator.state = state["rng"]
+        step.engine.set_rng_state(state["engine_rng"])
+        step.spent = Spend(**state["spent"])
         if isinstance(self.backend, RayEnginesBackend):
             if "backend_rng" in state:
                 self.backend.set_rng_state(state["backend_rng"])
@@ -474,17 +446,3 @@ def _draw(iterator: Iterator[Any], n: int) -> tuple[list[str], list[Any], bool]:
         prompts += list(batch_prompts[:room])
         labels += list(batch_labels[:room])
     return prompts, labels, False
-
-
-def _step_metrics(result: StepResult, tokens_per_s: float, rollout_s: float) -> dict[str, float]:
-    """The CPU trainer's rollout metrics (`tracerl plot` draws them), plus budget and timing."""
-    return {
-        **rollout_metrics(result),
-        "budget/leaves": float(result.spent.n_leaves),
-        "budget/tokens": float(result.spent.n_tokens),
-        "budget/tool_calls": float(result.spent.n_tool_calls),
-        "budget/carry": float(result.carry),
-        "perf/tokens_per_s": tokens_per_s,
-        "perf/rollout_s": rollout_s,
-        "perf/alloc_s": result.alloc_s,
-    }

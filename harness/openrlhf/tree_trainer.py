@@ -160,8 +160,8 @@ class TreePPOTrainerBase(BasePPOTrainer):
         log.info(
             "tree PPO: %d prompts per step, %s budget %d per step, %d max optimizer steps",
             args.rollout.batch_size,
-            self.samples_generator.budget.currency,
-            self.samples_generator.budget.per_step,
+            self.samples_generator.tree_step.budget.currency,
+            self.samples_generator.tree_step.budget.per_step,
             self.max_steps,
         )
         streak = FailureStreak(self.config.abort)

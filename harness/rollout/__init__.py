@@ -9,12 +9,9 @@
 - **featurizers** (`featurizers.py`): `MiniLMFeaturizer`, the predictor's sentence features.
 """
 
-from harness.rollout.engine import (
-    EngineStats,
-    TreeRolloutEngine,
-    failed_leaves,
-    leaves_to_train,
-)
+from typing import TYPE_CHECKING
+
+from harness.lazy import lazy_names
 from harness.rollout.episodes import (
     Episode,
     EpisodeCodec,
@@ -29,6 +26,14 @@ from harness.rollout.episodes import (
     start_episodes,
 )
 from harness.rollout.featurizers import MiniLMFeaturizer
+
+if TYPE_CHECKING:
+    from harness.rollout.engine import (
+        EngineStats,
+        TreeRolloutEngine,
+        failed_leaves,
+        leaves_to_train,
+    )
 
 __all__ = [
     "EngineStats",
@@ -48,3 +53,13 @@ __all__ = [
     "run_episodes",
     "start_episodes",
 ]
+
+# the engine imports trace_alloc: loaded on first use, so that playing episodes (`tracerl bench`)
+# does not load the training side's allocation library
+__getattr__ = lazy_names(
+    __name__,
+    {
+        name: "harness.rollout.engine"
+        for name in ("EngineStats", "TreeRolloutEngine", "failed_leaves", "leaves_to_train")
+    },
+)

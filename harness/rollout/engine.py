@@ -361,7 +361,6 @@ class TreeRolloutEngine:
         predictor: Predictor | None = None,
         carry: float = 0.0,
         tokens_per_leaf: float | None = None,
-        max_waves: int = 64,
         execute: Executor | None = None,
         flip_calibration: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> StepResult:
@@ -370,12 +369,11 @@ class TreeRolloutEngine:
         Args:
             allocator: The strategy (`trace_alloc.make_allocator(name, ...)`).
             task_ids: The candidate pool, in sampling order.
-            budget: The per-step limit, in leaves or generated tokens.
+            budget: The per-step limit, in leaves or generated tokens, and the wave cap.
             rng: The allocator's generator.
             predictor: Ṽψ, for allocators that use one.
             carry: The previous step's `StepResult.carry`.
             tokens_per_leaf: Token-currency estimate for the first wave.
-            max_waves: Safety bound on the number of waves.
             execute: What runs the waves (default: this engine); a wrapper around it such as
                 `harness.training.distributed.ShardedExecutor`.
             flip_calibration: Maps Stage 2's raw flip chances to calibrated ones.
@@ -394,7 +392,6 @@ class TreeRolloutEngine:
                 predictor=predictor,
                 carry=carry,
                 tokens_per_leaf=tokens_per_leaf,
-                max_waves=max_waves,
                 flip_calibration=flip_calibration,
             )
         finally:

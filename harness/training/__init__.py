@@ -6,8 +6,10 @@
 
 - **config** (`config.py`): `TrainConfig` and its parts, `load_config` (a run's saved config);
 - **tasks** (`task_sources.py`): `build_tasks` (the training source), `eval_set` and
-  `fact_disjoint_questions` (the held-out sets);
-- **the trainer** (`trainer.py`): `train`, and `update_policy` (its update phase);
+  `fact_disjoint_questions` (the held-out sets); `TaskSource` and `TaskCorpus`, to train on
+  questions of your own (`train(config, task_source=...)`, docs/extending.md);
+- **the trainer** (`trainer.py`): `train`, and `update_policy` (its update phase); the phases
+  of a tree step both trainers share are `tree_step.TreeStep`;
 - **a run's files**: `MetricsLog`, `read_metrics`, `plot_run`, `plot_learning_curve`,
   `tree_health` (`metrics_log.py`); `latest_checkpoint`, `load_checkpoint`, `policy_distance`
   (`checkpoint.py`);
@@ -45,7 +47,13 @@ from harness.training.metrics_log import (
     tree_health,
 )
 from harness.training.openrlhf_compat import ensure_flash_attn, openrlhf_losses
-from harness.training.task_sources import build_tasks, eval_set, fact_disjoint_questions
+from harness.training.task_sources import (
+    TaskCorpus,
+    TaskSource,
+    build_tasks,
+    eval_set,
+    fact_disjoint_questions,
+)
 
 if TYPE_CHECKING:
     from harness.training.checkpoint import latest_checkpoint, load_checkpoint, policy_distance
@@ -65,6 +73,8 @@ __all__ = [
     "Ranks",
     "RolloutConfig",
     "TaskConfig",
+    "TaskCorpus",
+    "TaskSource",
     "TrainConfig",
     "all_gather",
     "build_tasks",

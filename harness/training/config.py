@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from envs import SearchQAConfig, WorldConfig
-from harness.errors import ResumeError
+from harness.errors import PluginError, ResumeError
+from harness.plugins import load_plugin, parse_kwargs
 from harness.tiny_policy.config import default_world_config, tiny_env_config
 from trace_alloc import (
     Allocator,
@@ -41,6 +42,7 @@ from trace_alloc import (
     make_allocator,
 )
 from trace_alloc.allocators import ALLOCATORS, AllocatorName, PromptPredictor
+from trace_alloc.budget import BudgetLimit
 
 __all__ = [
     "CONFIG_FILE",
@@ -60,6 +62,7 @@ __all__ = [
     "RolloutConfig",
     "TaskConfig",
     "TrainConfig",
+    "UserAllocatorFlags",
     "config_from_dict",
     "load_config",
     "renamed_flags",
@@ -243,6 +246,43 @@ class AllocConfig(AllocatorSettings):
         return bool(ALLOCATORS[self.name].uses_predictor)
 
 
+TRAINER_MAX_WAVES = 16
+"""The wave cap of a training step, in both trainers (docs/decisions.md, "One tree step")."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class UserAllocatorFlags:
+    """A user's own allocator, named on the command line in place of `--alloc.name`.
+
+    Both trainers take these flags (`tracerl train`, `tracerl train --backend openrlhf`);
+    docs/extending.md shows an allocator and its command.
+    """
+
+    allocator: str | None = None
+    """`MODULE:CLASS` of a `trace_alloc.Allocator` of your own; replaces `--alloc.name`."""
+    allocator_kwargs: str = "{}"
+    """The allocator's keyword arguments, as a JSON object (`'{"group_size": 4}'`)."""
+
+    def __post_init__(self) -> None:
+        parse_kwargs(self.allocator_kwargs, flag="--allocator-kwargs")  # bad JSON fails here
+        if self.allocator is None and self.allocator_kwargs.strip() != "{}":
+            raise PluginError("--allocator-kwargs needs --allocator MODULE:CLASS")
+
+    def build_allocator(self, alloc: AllocConfig) -> Allocator:
+        """The user's allocator when `--allocator` names one, else the one `alloc` names.
+
+        Raises:
+            PluginError: `--allocator` cannot be imported or built, or is no `Allocator`.
+        """
+        if self.allocator is None:
+            return alloc.build()
+        kwargs = parse_kwargs(self.allocator_kwargs, flag="--allocator-kwargs")
+        allocator: Allocator = load_plugin(
+            self.allocator, Allocator, kwargs=kwargs, flag="--allocator"
+        )
+        return allocator
+
+
 @dataclass(frozen=True, kw_only=True)
 class BudgetConfig:
     """The equal-cost budget of every step."""
@@ -255,7 +295,7 @@ class BudgetConfig:
     """Candidate prompts per step (the allocator may leave some without rollouts)."""
     tokens_per_leaf_guess: float = 60.0
     """Token currency only: the estimate for the first wave of the first step."""
-    max_waves: int = 16
+    max_waves: int = TRAINER_MAX_WAVES
     """Safety bound on allocator waves per step."""
 
     def __post_init__(self) -> None:
@@ -264,6 +304,10 @@ class BudgetConfig:
                 f"per_step={self.per_step}, pool_size={self.pool_size}: a step needs at least "
                 "2 leaves' worth of budget and one prompt"
             )
+
+    def limit(self) -> BudgetLimit:
+        """The per-step limit `trace_alloc` meters (currency, size, wave cap)."""
+        return BudgetLimit(currency=self.currency, per_step=self.per_step, max_waves=self.max_waves)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -431,7 +475,7 @@ class AbortConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainConfig:
+class TrainConfig(UserAllocatorFlags):
     """`tracerl train`: RL with tree rollouts on CPU (transformers backend)."""
 
     run_dir: Path = Path("runs/train")
@@ -463,8 +507,17 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     abort: AbortConfig = field(default_factory=AbortConfig)
+    task_source: str | None = None
+    """`MODULE:CLASS` of a `harness.training.TaskSource` of your own: the questions and the
+    index each step trains on, in place of `--task.source` (docs/extending.md)."""
+    task_source_kwargs: str = "{}"
+    """The task source's keyword arguments, as a JSON object."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_kwargs(self.task_source_kwargs, flag="--task-source-kwargs")
+        if self.task_source is None and self.task_source_kwargs.strip() != "{}":
+            raise PluginError("--task-source-kwargs needs --task-source MODULE:CLASS")
         if self.steps < 1 or self.checkpoint_every < 1:
             raise ValueError(f"steps={self.steps}, checkpoint_every={self.checkpoint_every}: >= 1")
         shared = self.task.stream_overlap(self.steps) if self.task.source == "stream" else []

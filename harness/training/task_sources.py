@@ -40,7 +40,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, get_args
+from typing import TYPE_CHECKING, Any, Protocol, get_args, runtime_checkable
 
 import numpy as np
 
@@ -75,8 +75,13 @@ __all__ = [
 EVAL_SETS: tuple[str, ...] = get_args(EvalSetName)
 
 
+@runtime_checkable
 class TaskSource(Protocol):
-    """What a training step draws its questions from: a fixed set, or a corpus per step."""
+    """What a training step draws its questions from: a fixed set, or a corpus per step.
+
+    Implement it to train on questions of your own (docs/extending.md): `TaskCorpus` is one
+    (a fixed set), `WorldStream` another (a fresh world per step).
+    """
 
     @property
     def fixed_ids(self) -> tuple[str, ...] | None:
@@ -215,8 +220,13 @@ class Tasks:
         return sum(len(c.tasks) for c in self.eval.get(name, ()))
 
 
-def build_tasks(task: TaskConfig, eval_sets: Sequence[str] = ("split",)) -> Tasks:
+def build_tasks(
+    task: TaskConfig, eval_sets: Sequence[str] = ("split",), *, train: TaskSource | None = None
+) -> Tasks:
     """The training source `task.source` names and the held-out sets `eval_sets` names.
+
+    A `train` source of the caller's own (docs/extending.md) replaces `task.source`'s; the
+    held-out sets still come from `task`.
 
     Raises:
         HarnessError: an unknown held-out set, a task file or index that cannot be read, or a
@@ -225,11 +235,11 @@ def build_tasks(task: TaskConfig, eval_sets: Sequence[str] = ("split",)) -> Task
     unknown = [name for name in eval_sets if name not in EVAL_SETS]
     if unknown:
         raise HarnessError(f"unknown held-out set(s) {unknown}: choose from {list(EVAL_SETS)}")
-    if task.source == "file":
-        train: TaskSource = _file_corpus(task, task.train_file)
-    elif task.source == "stream":
+    if train is None and task.source == "file":
+        train = _file_corpus(task, task.train_file)
+    elif train is None and task.source == "stream":
         train = WorldStream(task.stream_first_seed, task.world, task.questions, task.stream_bank)
-    else:
+    elif train is None:
         train = _world_split(task, "train")
     return Tasks(
         train=train, eval={name: eval_set(task, name, train) for name in dict.fromkeys(eval_sets)}

@@ -11,8 +11,10 @@ the steps, whose phases run in order (`_step`):
 2. **rollout**: `TreeRolloutEngine.run_step` lets the allocator spend exactly the step's budget
    (leaves or generated tokens) on roots and turn prefixes (`trace_alloc.run_step`);
 3. **predictor**: score Ṽψ on every root and prefix of the step's trees *before* it learns
-   them (Brier, AUC), then fit it to V̂, the mean leaf reward under each node;
-4. **advantages**: `trace_alloc.tree_advantages` on the trees the allocator says to train on;
+   them (Brier, AUC), then fit it to V̂, the mean leaf reward under each node; then fit the
+   flip calibrator on the step's Stage-2 flips;
+4. **advantages**: `trace_alloc.tree_advantages` on the trees the allocator says to train on
+   (phases 2-4 are `harness.training.tree_step.TreeStep`, which the OpenRLHF trainer runs too);
 5. **update**: every leaf with signal is one sequence; OpenRLHF's `PolicyLoss` on its action
    tokens (observations masked), plus `compute_approx_kl` against the frozen start policy when
    `loss.kl_coef > 0`; one optimizer step per PPO epoch, none on a step without signal (logged
@@ -26,8 +28,9 @@ Under `torchrun --nproc_per_node N` the same loop runs data-parallel: rollouts a
 rank wave by wave, leaves are dealt to ranks, the loss is the global token mean, and only rank 0
 writes files (`harness.training.distributed`).
 
-A baseline is an allocator name (`alloc.name`), never another trainer: every method goes
-through the same engine, budget, advantages and loss. `train(config)` returns a summary, so
+A baseline is an allocator name (`alloc.name`) or a user's allocator (`train(config,
+allocator=...)`, docs/extending.md), never another trainer: every method goes through the same
+engine, budget, advantages and loss. `train(config)` returns a summary, so
 an experiment script can run many configurations from Python.
 """
 
@@ -40,7 +43,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,9 +54,11 @@ from tqdm.auto import tqdm
 
 from envs import SearchQAConfig
 from harness.errors import HarnessError, ResumeError
+from harness.plugins import load_plugin, parse_kwargs
 from harness.policies import SamplingParams, TransformersBackend
+from harness.policies.base import PolicyBackend
 from harness.policies.policy_protocol import PolicyProtocol, env_fields
-from harness.rollout.engine import TreeRolloutEngine, leaves_to_train
+from harness.rollout.engine import TreeRolloutEngine
 from harness.rollout.episodes import EpisodeCodec, evaluate_policy
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE
 from harness.training.checkpoint import (
@@ -75,32 +80,25 @@ from harness.training.distributed import (
     init_from_env,
     sum_across_ranks,
 )
-from harness.training.metrics_log import (
-    MetricsLog,
-    advantage_metrics,
-    read_metrics,
-    rollout_metrics,
-)
+from harness.training.metrics_log import MetricsLog, read_metrics
 from harness.training.openrlhf_compat import openrlhf_losses
 from harness.training.optimizers import DeepSpeedOptimizer, make_optimizer
 from harness.training.run_guard import FailureStreak, check_retriever, failure_cause
-from harness.training.task_sources import Tasks, build_tasks, sample_pool
-from trace_alloc import (
-    Allocator,
-    BudgetLimit,
-    FlipCalibrator,
-    Predictor,
-    StepResult,
-    learn_from_step,
-)
+from harness.training.task_sources import Tasks, TaskSource, build_tasks, sample_pool
+from harness.training.tree_step import TreeStep, allocator_rng
+from trace_alloc import Allocator, StepResult
 from trace_alloc.budget import Spend
 
-__all__ = ["DataCursor", "Tasks", "TrainSummary", "build_tasks", "resume", "set_up", "train",
-           "trainable_weights", "update_policy"]  # fmt: skip
+__all__ = ["BackendFactory", "DataCursor", "Tasks", "TrainSummary", "build_tasks", "resume",
+           "set_up", "train", "trainable_weights", "update_policy"]  # fmt: skip
 
 log = logging.getLogger(__name__)
 
 SUMMARY_FILE = "summary.json"
+
+BackendFactory = Callable[[Any, Any], PolicyBackend]
+"""Builds the rollout policy from the model being trained and its tokenizer (a `PolicyBackend`
+class such as `TransformersBackend` is one): `train(config, backend=...)`."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -185,13 +183,11 @@ class Run:
     pad_id: int
     tasks: Tasks
     codec: EpisodeCodec
-    backend: TransformersBackend
-    engine: TreeRolloutEngine
-    allocator: Allocator
-    budget: BudgetLimit
-    predictor: Predictor
-    flip_calibrator: FlipCalibrator | None
-    """Online calibration of Stage 2's flip chances (None when off)."""
+    backend: PolicyBackend
+    """What generates the rollouts, from `rollout_model`."""
+    tree_step: TreeStep
+    """The engine, allocator, budget, predictor and flip calibrator, and their state between
+    steps (the phases both trainers share)."""
     optimizer: Any
     losses: Any
     """OpenRLHF's loss helpers (`harness.training.openrlhf_compat.OpenRLHFLosses`)."""
@@ -204,33 +200,44 @@ class Run:
         """ZeRO-3: the rollout copy must be refreshed from the gathered weights every step."""
         return self.rollout_model is not self.model
 
+    @property
+    def engine(self) -> TreeRolloutEngine:
+        """The tree-rollout engine (`tree_step.engine`)."""
+        return self.tree_step.engine
+
 
 @dataclass(slots=True)
 class Progress:
-    """Where the run stands: what changes step to step and a checkpoint saves."""
+    """Where the run stands in its data (the allocator's state is `Run.tree_step`'s)."""
 
     step: int
     """The last finished step (0 before the first)."""
     cursor: DataCursor
-    alloc_rng: np.random.Generator
-    carry: float
-    """Token currency: budget carried over to the next step."""
-    tokens_per_leaf: float
-    """Token currency: the running estimate the allocator plans the first wave with."""
-    totals: Spend
-    """Budget spent so far."""
 
 
 # --- the run ---------------------------------------------------------------------------------
 
 
-def train(config: TrainConfig) -> TrainSummary:
+def train(
+    config: TrainConfig,
+    *,
+    allocator: Allocator | None = None,
+    task_source: TaskSource | None = None,
+    backend: BackendFactory | None = None,
+) -> TrainSummary:
     """Run (or resume) RL training with tree rollouts; see the module docstring.
 
     Args:
         config: Every setting. With `resume=True` the run continues from the latest checkpoint
             in `run_dir`; the caller passes the config to continue with (`tracerl train`
             rebuilds it from `run_dir/config.json` plus explicit flags).
+        allocator: An allocator of your own (the `trace_alloc.Allocator` protocol), in place
+            of `config.allocator` or `config.alloc` (docs/extending.md).
+        task_source: A `TaskSource` of your own, in place of `config.task_source` or
+            `config.task.source`.
+        backend: Builds the rollout policy from the model being trained and its tokenizer
+            (`backend(model, tokenizer)`, e.g. a `PolicyBackend` class of your own); default
+            `TransformersBackend`.
 
     Returns:
         The summary (also in `run_dir/summary.json`).
@@ -240,7 +247,7 @@ def train(config: TrainConfig) -> TrainSummary:
         BackendUnavailable: OpenRLHF (for PolicyLoss) or DeepSpeed is missing.
     """
     wall_start = time.perf_counter()
-    run = set_up(config)
+    run = set_up(config, allocator=allocator, task_source=task_source, backend=backend)
     progress = resume(run)
     metrics_log = None
     if run.ranks.is_main:
@@ -289,12 +296,21 @@ def train(config: TrainConfig) -> TrainSummary:
     return _finish(run, progress, last, wall_start)
 
 
-def set_up(config: TrainConfig) -> Run:
+def set_up(
+    config: TrainConfig,
+    *,
+    allocator: Allocator | None = None,
+    task_source: TaskSource | None = None,
+    backend: BackendFactory | None = None,
+) -> Run:
     """Check the run directory, then build the run's parts: policy, tasks, engine, optimizer.
+
+    The keyword arguments are `train`'s plug points.
 
     Raises:
         ResumeError: resume without a checkpoint, or a fresh run in a directory that has one.
         HarnessError: the policy was warm-started on another task, or no questions are left.
+        PluginError: `config.allocator` or `config.task_source` cannot be loaded.
     """
     run_dir = config.run_dir
     checkpoint_path = latest_checkpoint(run_dir)
@@ -302,7 +318,16 @@ def set_up(config: TrainConfig) -> Run:
         raise ResumeError(f"--resume: {run_dir} has no checkpoint to resume from")
     if not config.resume and checkpoint_path is not None:
         raise ResumeError(f"{run_dir} already holds a run; pass --resume or use a new --run-dir")
-    _check_policy_task(config)
+    if allocator is None:  # before the run directory is touched: a bad plug loses nothing
+        allocator = config.build_allocator(config.alloc)
+    if task_source is None and config.task_source is not None:
+        task_source = load_plugin(
+            config.task_source,
+            TaskSource,
+            kwargs=parse_kwargs(config.task_source_kwargs, flag="--task-source-kwargs"),
+            flag="--task-source",
+        )
+    _check_policy_task(config, own_tasks=task_source is not None)
     ranks = init_from_env()  # torchrun's group on gloo, or one process
     run_dir.mkdir(parents=True, exist_ok=True)
     if ranks.is_main:
@@ -333,7 +358,9 @@ def set_up(config: TrainConfig) -> Run:
         reference.requires_grad_(False)
 
     # the questions, their corpus and index, the engine
-    tasks = build_tasks(config.task, config.eval.sets if config.eval.every else ())
+    tasks = build_tasks(
+        config.task, config.eval.sets if config.eval.every else (), train=task_source
+    )
     empty = [name for name in tasks.eval if tasks.n_eval(name) == 0]
     if tasks.train.fixed_ids == () or empty:  # (a stream's are None: it draws per step)
         raise HarnessError(
@@ -352,10 +379,10 @@ def set_up(config: TrainConfig) -> Run:
     # (OpenRLHF's weight sync to its vLLM engines, in miniature)
     partitioned = config.optim.backend == "deepspeed" and config.optim.zero_stage == 3
     rollout_model = copy.deepcopy(model) if partitioned else model
-    backend = TransformersBackend(rollout_model, tokenizer)
+    policy = (backend or TransformersBackend)(rollout_model, tokenizer)
     codec = EpisodeCodec(tokenizer)
     engine = TreeRolloutEngine(
-        backend,
+        policy,
         first.make_env(config.task.env),
         codec,
         sampling=SamplingParams(
@@ -381,12 +408,17 @@ def set_up(config: TrainConfig) -> Run:
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         tasks=tasks,
         codec=codec,
-        backend=backend,
-        engine=engine,
-        allocator=config.alloc.build(),
-        budget=BudgetLimit(currency=config.budget.currency, per_step=config.budget.per_step),
-        predictor=config.predictor.build(seed=config.seed),
-        flip_calibrator=config.predictor.build_flip_calibrator(),
+        backend=policy,
+        tree_step=TreeStep(
+            engine=engine,
+            allocator=allocator,
+            budget=config.budget.limit(),
+            predictor=config.predictor.build(seed=config.seed),
+            flip_calibrator=config.predictor.build_flip_calibrator(),
+            advantage=config.loss.advantage,
+            rng=allocator_rng(config.seed),
+            tokens_per_leaf=config.budget.tokens_per_leaf_guess,
+        ),
         optimizer=make_optimizer(
             model,
             backend=optim.backend,
@@ -420,27 +452,22 @@ def resume(run: Run) -> Progress:
     progress = Progress(
         step=0,
         cursor=DataCursor(run.tasks.train.fixed_ids or (), config.seed),
-        alloc_rng=np.random.default_rng([config.seed, 1]),
-        carry=0.0,
-        tokens_per_leaf=config.budget.tokens_per_leaf_guess,
-        totals=Spend(),
     )
     checkpoint = run.checkpoint
     if checkpoint is None:
         return progress
     run.optimizer.load_state_dict(checkpoint.optimizer)
-    run.predictor.load_state_dict(checkpoint.predictor)
-    if run.flip_calibrator is not None:
-        run.flip_calibrator.load_state_dict(checkpoint.predictor)
+    tree_step = run.tree_step
+    tree_step.load_predictor_state(checkpoint.predictor)
     torch.set_rng_state(checkpoint.torch_rng)
     s = checkpoint.state
     random.setstate(_python_rng_from_json(s["python_rng"]))
-    progress.alloc_rng.bit_generator.state = s["alloc_rng"]
+    tree_step.rng.bit_generator.state = s["alloc_rng"]
     run.engine.set_rng_state(_rank_engine_rng(s, run.ranks))
     progress.cursor.epoch = int(s["cursor"]["epoch"])
     progress.cursor.position = int(s["cursor"]["position"])
-    progress.carry, progress.tokens_per_leaf = float(s["carry"]), float(s["tokens_per_leaf"])
-    progress.totals = Spend(**s["totals"])
+    tree_step.carry, tree_step.tokens_per_leaf = float(s["carry"]), float(s["tokens_per_leaf"])
+    tree_step.spent = Spend(**s["totals"])
     progress.step = checkpoint.step
     log.info("resuming %s from step %d (%s)", config.run_dir, progress.step, checkpoint.path)
     return progress
@@ -460,48 +487,21 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
     else:
         pool = progress.cursor.take(config.budget.pool_size)
 
-    # 2. rollout: the allocator spends exactly this step's budget (across the ranks, wave by
-    # wave, when there are several: every rank ends with the same trees)
+    # 2-4. rollout, predictor and flip calibrator, advantages: the phases both trainers share
+    # (`TreeStep`); across the ranks, wave by wave, when there are several, so that every rank
+    # ends with the same trees
     if run.partitioned:
         run.rollout_model.load_state_dict(run.optimizer.model_state_dict())
     run.rollout_model.eval()
-    engine.reset_stats()
-    result = engine.run_step(
-        run.allocator,
-        pool,
-        budget=run.budget,
-        rng=progress.alloc_rng,
-        predictor=run.predictor if config.alloc.uses_predictor else None,
-        carry=progress.carry,
-        tokens_per_leaf=progress.tokens_per_leaf,
-        max_waves=config.budget.max_waves,
-        execute=ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None,
-        flip_calibration=run.flip_calibrator,
-    )
-    rollout_stats = engine.stats
-    progress.carry = result.carry
-    progress.tokens_per_leaf = result.tokens_per_leaf or progress.tokens_per_leaf
-    progress.totals = progress.totals + result.spent
+    tree_step = run.tree_step
+    sharded = ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None
+    out = tree_step.run(pool, execute=sharded)
     progress.step = step
-    record: dict[str, Any] = rollout_metrics(result)
+    result, record = out.result, dict(out.metrics)
     if ranks.world_size > 1:  # the rollout shards: how evenly the ranks shared the step
-        record["perf/rollouts_by_rank"] = all_gather(rollout_stats.n_rollouts, ranks)
-
-    # 3. predictor: calibration on unseen nodes first (roots and prefixes apart), then
-    # learn every node, weighted by its outcomes
-    record |= learn_from_step(run.predictor, result.trees)
-    if run.flip_calibrator is not None:  # fitted on this step's flips, used from the next
-        run.flip_calibrator.observe(record["stage2/p_flip_raw"], record["stage2/flipped"])
-    check_same_across_ranks(run.predictor.state_dict(), ranks, "predictor")
-
-    # 4. advantages on the trees the allocator keeps for training
-    trees = [result.trees[i] for i in result.train_indices]
-    # leaves without signal carry no weight: not in the gradient, not in the token mean
-    # (docs/decisions.md, "One objective"); leaves a fault ended are left out of the
-    # advantages altogether (the OpenRLHF path does the same)
-    signal, record["rollout/failed_leaves_excluded"] = leaves_to_train(trees, config.loss.advantage)
-    record |= advantage_metrics(trees, signal)
-    leaves = [a.to_tokens(trees[a.tree_index]) for a in signal]
+        record["perf/rollouts_by_rank"] = all_gather(out.stats.n_rollouts, ranks)
+    check_same_across_ranks(tree_step.predictor.state_dict(), ranks, "predictor")
+    leaves = [a.to_tokens(out.kept[a.tree_index]) for a in out.leaves]
 
     # 5. policy update
     t_update = time.perf_counter()
@@ -518,19 +518,7 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
         ranks=ranks,
     )
     now = time.perf_counter()
-    totals = progress.totals
     record |= {
-        "budget/leaves": result.spent.n_leaves,
-        "budget/tokens": result.spent.n_tokens,
-        "budget/tool_calls": result.spent.n_tool_calls,
-        "budget/limit": result.limit,
-        "budget/carry": result.carry,
-        "budget/total_leaves": totals.n_leaves,
-        "budget/total_tokens": totals.n_tokens,
-        "budget/total_tool_calls": totals.n_tool_calls,
-        "perf/tokens_per_s": rollout_stats.tokens_per_s,
-        "perf/rollout_s": rollout_stats.generate_s,
-        "perf/alloc_s": result.alloc_s,
         "perf/update_s": now - t_update,
         "perf/step_s": now - t_step,
         "policy/lr": lr,
@@ -580,18 +568,18 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
 
 def _save(run: Run, progress: Progress) -> None:
     """Checkpoint the step just finished (collectives under several ranks; rank 0 writes)."""
-    ranks = run.ranks
+    ranks, tree_step = run.ranks, run.tree_step
     # collectives under several ranks (ZeRO-3 weights, ZeRO partitions, rng streams)
     weights, optimizer_state = run.optimizer.model_state_dict(), run.optimizer.state_dict()
     engine_rngs = all_gather(run.engine.rng_state(), ranks)
     state = {
         "python_rng": _python_rng_to_json(random.getstate()),
-        "alloc_rng": progress.alloc_rng.bit_generator.state,
+        "alloc_rng": tree_step.rng.bit_generator.state,
         "engine_rng": engine_rngs[0],
         "cursor": {"epoch": progress.cursor.epoch, "position": progress.cursor.position},
-        "carry": progress.carry,
-        "tokens_per_leaf": progress.tokens_per_leaf,
-        "totals": dataclasses.asdict(progress.totals),
+        "carry": tree_step.carry,
+        "tokens_per_leaf": tree_step.tokens_per_leaf,
+        "totals": dataclasses.asdict(tree_step.spent),
     }
     if ranks.world_size > 1:
         state["engine_rng_by_rank"] = engine_rngs
@@ -601,8 +589,7 @@ def _save(run: Run, progress: Progress) -> None:
             progress.step,
             model=weights,
             optimizer=optimizer_state,
-            predictor=run.predictor.state_dict()
-            | (run.flip_calibrator.state_dict() if run.flip_calibrator else {}),
+            predictor=tree_step.predictor_state(),
             state=state,
             keep=run.config.keep_checkpoints,
         )
@@ -610,7 +597,7 @@ def _save(run: Run, progress: Progress) -> None:
 
 def _finish(run: Run, progress: Progress, last: dict[str, Any], wall_start: float) -> TrainSummary:
     """Save the trained policy and the run's summary (`wall_start`: when `train` began)."""
-    run_dir, totals = run.config.run_dir, progress.totals
+    run_dir, totals = run.config.run_dir, run.tree_step.spent
     policy_dir = run_dir / "policy"
     weights = run.optimizer.model_state_dict()  # a collective under ZeRO-3
     if run.ranks.is_main:
@@ -663,7 +650,7 @@ def _log_size(run: Run, progress: Progress) -> None:
         f"{run.n_params:,}",
         "a fresh world per step" if fixed is None else len(fixed),
         ", ".join(f"{name} {run.tasks.n_eval(name)}" for name in run.tasks.eval) or "no",
-        repr(run.allocator),
+        repr(run.tree_step.allocator),
         f"{config.budget.per_step:,} {config.budget.currency}",
         config.budget.pool_size,
         progress.step + 1,
@@ -872,7 +859,7 @@ def _logprobs(
     return logprobs, logits
 
 
-def _check_policy_task(config: TrainConfig) -> None:
+def _check_policy_task(config: TrainConfig, *, own_tasks: bool = False) -> None:
     """A policy from `tracerl init-model` must meet the world and env it was warm-started on.
 
     The held-out worlds and a world stream must also miss the worlds the warm start was shown
@@ -890,7 +877,8 @@ def _check_policy_task(config: TrainConfig) -> None:
     recorded["env"] = env_fields(SearchQAConfig(**recorded["env"]))
     ours = config.task
     expected: dict[str, Any] = {"env": env_fields(ours.env)}
-    if ours.source != "file":  # a file's questions are the user's call; the env must match
+    # a file's or a user's task source's questions are the user's call; the env must match
+    if ours.source != "file" and not own_tasks:
         expected |= {
             "world_seed": ours.world_seed,
             "world": json.loads(json.dumps(dataclasses.asdict(ours.world))),

@@ -1,7 +1,7 @@
-"""`scripts/gpu_trainer_check.py` on CPU: its Ray and vLLM stand-ins, its orchestration and every
-check of trace-rl's side, with an in-process CPU actor standing in for the DeepSpeed
-`PolicyModelActor` (which calls CUDA directly). The GPU run itself is documented in
-docs/openrlhf.md and has not been made yet."""
+"""`tracerl gpu-check` (harness/openrlhf/gpu_check.py) on CPU: its Ray and vLLM stand-ins, its
+orchestration and every check of trace-rl's side, with an in-process CPU actor standing in for
+the DeepSpeed `PolicyModelActor` (which calls CUDA directly). The GPU run itself is documented
+in docs/openrlhf.md and has not been made yet."""
 
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
-CHECK = ROOT / "scripts" / "gpu_trainer_check.py"
+STAND_INS = ROOT / "harness" / "openrlhf" / "stand_ins"
 STAGES = ["trace_step", "actor", "experience", "ppo_step", "weight_gather", "checkpoint"]
 
 
 def _run(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TQDM_DISABLE="1", TOKENIZERS_PARALLELISM="false")
     return subprocess.run(
-        [sys.executable, str(CHECK), *args],
+        [sys.executable, "-m", "benchmarks.cli", "gpu-check", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -61,7 +61,7 @@ def test_the_stand_ins_give_openrlhf_the_names_it_imports(tmp_path):
         "print(ray.__version__, vllm.__version__)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", probe, str(ROOT / "scripts" / "gpu_check_stubs")],
+        [sys.executable, "-c", probe, str(STAND_INS)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -70,15 +70,10 @@ def test_the_stand_ins_give_openrlhf_the_names_it_imports(tmp_path):
     assert done.stdout.split() == ["0.0.0+trace-rl-stand-in", "0.29.0"]
 
 
-def _script():  # the check's module, imported from its file (scripts/ is no package)
-    import importlib.util
+def _script():  # the check's module
+    from harness.openrlhf import gpu_check
 
-    spec = importlib.util.spec_from_file_location("gpu_trainer_check", CHECK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return gpu_check
 
 
 def test_any_exception_in_a_stage_is_a_fail_line_with_the_stage():
@@ -93,7 +88,7 @@ def test_any_exception_in_a_stage_is_a_fail_line_with_the_stage():
         "experience: TypeError: Attempting to call get on the value 3, which is not an "
         "ray.ObjectRef."
     )
-    assert check.Args(out=Path("x")).stand_ins == "always"  # one process by design
+    assert check.GpuCheckArgs(out=Path("x")).stand_ins == "always"  # one process by design
 
 
 def test_the_machine_checks_come_first_and_skip_the_gpu_ones_on_cpu():

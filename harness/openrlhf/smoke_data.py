@@ -1,4 +1,6 @@
-"""Inputs of `scripts/gpu_smoke.sh`: the synthetic world as OpenRLHF prompt files and a BM25 index.
+"""The GPU smoke's inputs: the synthetic world as OpenRLHF prompt files and a BM25 index.
+
+`scripts/gpu_smoke.sh` and `tracerl gpu-check` both write them here.
 
 Writes, under `--out`:
 
@@ -6,10 +8,11 @@ Writes, under `--out`:
   layout `scripts/prepare_hotpotqa.py` writes (the `task` column holds `QATask.to_json()`);
 - `index/`: a BM25 index of the world's documents (`--retriever DIR` reads it in process).
 
-The world is the one `tracerl init-model` warm-starts the tiny policy on (`TinyPolicyConfig`'s
-world seed and config), so the policy answers some questions and misses others.
+The world is the one `tracerl init-model` warm-starts the tiny policy on (`tracerl train`'s
+default `--task.world-seed` and `--task.world.*`), so the policy answers some questions and
+misses others.
 
-Usage: `python scripts/gpu_smoke_data.py --out /tmp/smoke --n-train 64 --n-eval 16`.
+Usage: `tracerl smoke-data --out /tmp/smoke --n-train 64 --n-eval 16`.
 """
 
 from __future__ import annotations
@@ -21,12 +24,14 @@ from pathlib import Path
 import tyro
 
 from envs import World
-from harness.tiny_policy.config import TinyPolicyConfig
+from harness.training.config import TaskConfig
 from retrieval.bm25 import BM25Retriever
+
+__all__ = ["SmokeDataArgs", "command", "main"]
 
 
 @dataclass(frozen=True)
-class Args:
+class SmokeDataArgs:
     """Smoke-test data options."""
 
     out: Path
@@ -37,10 +42,10 @@ class Args:
     """Evaluation questions (the dev split's first ones)."""
 
 
-def main(args: Args) -> None:
+def main(args: SmokeDataArgs) -> None:
     """Write the prompt files and the index."""
-    recipe = TinyPolicyConfig()
-    world = World.generate(recipe.world_seed, recipe.world)
+    task = TaskConfig()  # the warm start's world (a tiny policy refuses any other)
+    world = World.generate(task.world_seed, task.world)
     split = world.split()
     args.out.mkdir(parents=True, exist_ok=True)
     for name, tasks in (
@@ -56,5 +61,7 @@ def main(args: Args) -> None:
     print(f"wrote {args.out}: {args.n_train} train, {args.n_eval} eval questions, BM25 index")
 
 
-if __name__ == "__main__":
-    main(tyro.cli(Args))
+def command(argv: list[str]) -> int:
+    """`tracerl smoke-data`: write the prompt files and the index under `--out`."""
+    main(tyro.cli(SmokeDataArgs, args=argv, prog="tracerl smoke-data"))
+    return 0
