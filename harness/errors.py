@@ -12,6 +12,7 @@ __all__ = [
     "HarnessError",
     "MalformedReply",
     "RankMismatchError",
+    "ReplyTooLarge",
     "ResumeError",
     "RolloutError",
     "RunAborted",
@@ -36,6 +37,10 @@ class ContextLengthExceeded(EndpointRejected):
 
 class MalformedReply(EndpointRejected):
     """A 200 reply that is not the API's (not JSON, `"choices": []`), still after the retries."""
+
+
+class ReplyTooLarge(MalformedReply):
+    """A reply over the endpoint's `max_reply_bytes` (not asked again: it would cost as much)."""
 
 
 class EngineTimeoutError(HarnessError, TimeoutError):

@@ -16,6 +16,9 @@ Backends:
   re-tokenised and evaluation sees the token layout training does.
 - `HTTPAgent`: any OpenAI-compatible endpoint through `OpenAICompatClient`, with the transcript
   as text (`/v1/completions`) or as chat messages (`/v1/chat/completions`, for hosted APIs).
+  It is a `ConcurrentAgent`: `submit` sends one episode's turn at once and `wait` collects
+  whichever replies are back, so evaluation keeps every slot busy instead of waiting for the
+  slowest episode of a turn.
 
 Generation stops at `</search>` or `</answer>`; an agent reports the tokens it generated for
 every action, so evaluation can count them.
@@ -23,9 +26,11 @@ every action, so evaluation can count them.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -33,7 +38,7 @@ from envs.base import ScriptedPolicy
 from envs.qa_datasets import DecompositionStep, LoadedDataset
 from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
 from harness.policies.base import STOP_STRINGS, PolicyBackend, SamplingParams
-from harness.policies.openai_compat import OpenAICompatClient, TextCompletion
+from harness.policies.openai_compat import OpenAICompatClient, ReplyFuture, TextCompletion
 from harness.rollout.episodes import EpisodeCodec
 
 if TYPE_CHECKING:
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Agent",
     "AgentAction",
+    "ConcurrentAgent",
     "DecompositionOracle",
     "HTTPAgent",
     "OraclePlan",
@@ -68,6 +74,8 @@ class AgentAction:
     """How generation ended; `context` means the transcript outgrew the model's context, and
     the episode is stopped there (the action text is then empty); `error` means the endpoint's
     replies stayed malformed after the retries, and only that episode is stopped."""
+    cause: str | None = None
+    """Why an `error` action ended its episode (the trajectory keeps it)."""
 
 
 @runtime_checkable
@@ -94,6 +102,28 @@ class Agent(Protocol):
         infos: Sequence[Mapping[str, Any]],
     ) -> list[AgentAction]:
         """One action per running episode; `observations[i]` is "" right after `start`."""
+        ...
+
+
+@runtime_checkable
+class ConcurrentAgent(Agent, Protocol):
+    """An agent whose episodes each send their next turn the moment their reply is back.
+
+    Evaluation then keeps `batch_size` episodes in flight with no lockstep per turn (as the
+    rollout engine does for a `ConcurrentPolicyBackend`): a slow reply, or a retried request,
+    holds up only its own episode.
+    """
+
+    def submit(self, state: Any, observation: str, info: Mapping[str, Any]) -> Hashable:
+        """Start one episode's next action; returns a handle for `wait`."""
+        ...
+
+    def wait(self, handles: Sequence[Hashable]) -> list[tuple[Hashable, AgentAction]]:
+        """Block until at least one of `handles` is done; return every one that is."""
+        ...
+
+    def close(self) -> None:
+        """Cancel what is in flight and release the connections."""
         ...
 
 
@@ -358,14 +388,16 @@ def close_open_tag(text: str) -> str:
 class _TextState:
     transcript: str
     messages: list[dict[str, str]]
+    task_id: str
+    n_calls: int = 0
 
 
 class HTTPAgent:
-    """A model behind an OpenAI-compatible endpoint; all running episodes are sent concurrently.
+    """A model behind an OpenAI-compatible endpoint; every running episode has a request out.
 
     Args:
         name: the label in reports.
-        client: the endpoint client (concurrency, retries and timeouts live there).
+        client: the endpoint client (concurrency, retries, timeouts and size caps live there).
         sampling: generation settings (stop strings `</search>`, `</answer>`).
         api: `completions` sends the whole transcript as one text prompt (Search-R1's protocol:
             observations are part of the model's own stream); `chat` sends a conversation
@@ -392,7 +424,7 @@ class HTTPAgent:
         self.sampling = sampling
         self.api = api
         self._settings = dict(settings or {})
-        self._n_calls = 0
+        self._in_flight: dict[Hashable, _TextState] = {}
 
     @property
     def name(self) -> str:
@@ -434,7 +466,43 @@ class HTTPAgent:
     def start(self, prompt: str, info: Mapping[str, Any]) -> _TextState:
         """The transcript starts with the prompt."""
         text = prompt if self.prompt_wrapper is None else self.prompt_wrapper(prompt)
-        return _TextState(transcript=text, messages=[{"role": "user", "content": prompt}])
+        return _TextState(
+            transcript=text,
+            messages=[{"role": "user", "content": prompt}],
+            task_id=str(info.get("task_id", "")),
+        )
+
+    def submit(self, state: _TextState, observation: str, info: Mapping[str, Any]) -> Hashable:
+        """Append the observation and send the episode's transcript now.
+
+        The request's seed comes from the run's, the question and the turn, so a sampled run
+        draws the same numbers whatever order the replies come back in (and on `--resume`).
+        """
+        if observation:
+            state.transcript += observation
+            state.messages.append({"role": "user", "content": observation})
+        state.n_calls += 1
+        call = zlib.crc32(f"{state.task_id}\0{state.n_calls}".encode())
+        sampling = call_sampling(self.sampling, call)
+        future: ReplyFuture[TextCompletion | EndpointRejected]
+        if self.api == "chat":
+            future = self.client.submit_chat(state.messages, sampling)
+        else:
+            future = self.client.submit_complete(state.transcript, sampling)
+        self._in_flight[future] = state
+        return future
+
+    def wait(self, handles: Sequence[Hashable]) -> list[tuple[Hashable, AgentAction]]:
+        """Block until at least one reply is back; each finished episode's action.
+
+        Raises:
+            EndpointError: a request did not get through within its retries.
+            EndpointRejected: the endpoint refused a request for a reason that is not the
+                episode's own (a bad key, an unknown model).
+        """
+        futures: list[Any] = list(handles)
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
+        return [(f, self._action(self._in_flight.pop(f), f.result())) for f in done]
 
     def act(
         self,
@@ -446,43 +514,41 @@ class HTTPAgent:
 
         An episode whose prompt the endpoint refuses as too long for the model's context ends
         there (`finish_reason="context"`), as does one whose replies stay malformed after the
-        retries (`"error"`); any other refusal is raised.
+        retries or pass the size cap (`"error"`, with its cause); any other refusal is raised.
 
         Raises:
             EndpointError: the endpoint did not answer within its retries.
             EndpointRejected: the endpoint refused a request for another reason.
         """
-        for state, obs in zip(states, observations, strict=True):
-            if obs:
-                state.transcript += obs
-                state.messages.append({"role": "user", "content": obs})
-        self._n_calls += 1
-        sampling = call_sampling(self.sampling, self._n_calls)
-        if self.api == "chat":
-            replies = self.client.chat_each([s.messages for s in states], sampling)
-        else:
-            replies = self.client.complete_each([s.transcript for s in states], sampling)
-        actions = []
-        for state, reply in zip(states, replies, strict=True):
-            if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
-                actions.append(AgentAction(text="", finish_reason="context"))
-                continue
-            if isinstance(reply, MalformedReply):  # this episode only; the run goes on
-                log.warning("an episode ends without an answer: %s", reply)
-                actions.append(AgentAction(text="", finish_reason="error"))
-                continue
-            if isinstance(reply, EndpointRejected):
-                raise reply
-            text = _action_text(reply)
-            state.transcript += text
-            state.messages.append({"role": "assistant", "content": text})
-            n_tokens = reply.n_completion_tokens
-            if n_tokens is None:
-                n_tokens = len(reply.token_ids) if reply.token_ids is not None else 0
-            actions.append(
-                AgentAction(text=text, n_tokens=n_tokens, finish_reason=reply.finish_reason)
-            )
-        return actions
+        handles = [
+            self.submit(state, obs, info)
+            for state, obs, info in zip(states, observations, infos, strict=True)
+        ]
+        futures: list[Any] = handles
+        concurrent.futures.wait(futures)
+        return [self._action(self._in_flight.pop(f), f.result()) for f in futures]
+
+    def close(self) -> None:
+        """Cancel the requests in flight; close the client's connections."""
+        self._in_flight.clear()
+        self.client.close()
+
+    def _action(self, state: _TextState, reply: TextCompletion | EndpointRejected) -> AgentAction:
+        """The action a reply gives, appended to the episode's transcript."""
+        if isinstance(reply, ContextLengthExceeded):  # this episode outgrew the model
+            return AgentAction(text="", finish_reason="context")
+        if isinstance(reply, MalformedReply):  # this episode only; the run goes on
+            log.warning("an episode ends without an answer: %s", reply)
+            return AgentAction(text="", finish_reason="error", cause=str(reply))
+        if isinstance(reply, EndpointRejected):
+            raise reply
+        text = _action_text(reply)
+        state.transcript += text
+        state.messages.append({"role": "assistant", "content": text})
+        n_tokens = reply.n_completion_tokens
+        if n_tokens is None:
+            n_tokens = len(reply.token_ids) if reply.token_ids is not None else 0
+        return AgentAction(text=text, n_tokens=n_tokens, finish_reason=reply.finish_reason)
 
 
 def call_sampling(sampling: SamplingParams, call: int) -> SamplingParams:

@@ -376,9 +376,13 @@ class AgentArgs:
     """openai: a local tokenizer folder whose chat template wraps the prompt (the served
     model's, for `--protocol search-r1`)."""
     concurrency: int = 16
-    """Episodes in flight: the batch of a local model, concurrent requests for openai."""
+    """Episodes in flight: the batch of a local model; for openai, requests always in flight
+    (each episode sends its next turn as soon as its reply is back)."""
     timeout_s: float = 120.0
-    """openai: per request."""
+    """openai: the wall-clock limit of one attempt of a request, however slowly the server
+    sends."""
+    max_reply_bytes: int = 4_000_000
+    """openai: a reply body over this many bytes is refused; it ends only its episode."""
     max_retries: int = 3
     """openai: retries on connection errors, 429 and 5xx."""
     device: str = "cpu"
@@ -662,6 +666,7 @@ def make_agent(
                 max_retries=args.max_retries,
                 max_concurrency=args.concurrency,
                 extensions=args.extensions,
+                max_reply_bytes=args.max_reply_bytes,
             )
         except ValueError as err:
             raise BenchmarkError(as_flags(str(err))) from None
@@ -1159,6 +1164,7 @@ _FLAG_OF_FIELD = {
     "timeout_s": "--timeout-s",
     "max_retries": "--max-retries",
     "max_concurrency": "--concurrency",
+    "max_reply_bytes": "--max-reply-bytes",
     "base_url": "--base-url",
 }
 """`EndpointConfig` fields whose errors reach a `tracerl bench` user, and their flags."""
