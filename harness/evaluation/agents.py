@@ -76,6 +76,10 @@ class AgentAction:
     replies stayed malformed after the retries, and only that episode is stopped."""
     cause: str | None = None
     """Why an `error` action ended its episode (the trajectory keeps it)."""
+    n_prompt_tokens: int | None = None
+    """The prompt's tokens, when the endpoint says (`usage`)."""
+    latency_s: float | None = None
+    """Seconds the endpoint took for it, for agents behind one."""
 
 
 @runtime_checkable
@@ -548,7 +552,13 @@ class HTTPAgent:
         n_tokens = reply.n_completion_tokens
         if n_tokens is None:
             n_tokens = len(reply.token_ids) if reply.token_ids is not None else 0
-        return AgentAction(text=text, n_tokens=n_tokens, finish_reason=reply.finish_reason)
+        return AgentAction(
+            text=text,
+            n_tokens=n_tokens,
+            finish_reason=reply.finish_reason,
+            n_prompt_tokens=reply.n_prompt_tokens,
+            latency_s=reply.latency_s,
+        )
 
 
 def call_sampling(sampling: SamplingParams, call: int) -> SamplingParams:

@@ -1132,8 +1132,13 @@ def bench(argv: list[str]) -> int:
     """`tracerl bench`: evaluate agents and write the report.
 
     Returns 0 on success, 2 on bad input (nothing run), 1 when the run stopped part-way (a
-    partial report is written; `--resume` finishes it).
+    partial report is written; `--resume` finishes it). `tracerl bench compare RUN ...`
+    compares finished runs instead (`harness.evaluation.compare`).
     """
+    if argv[:1] == ["compare"]:
+        from harness.evaluation.compare import compare
+
+        return compare(argv[1:])
     config = tyro.cli(BenchConfig, args=flag_pairs(argv, ("chat_template",)), prog="tracerl bench")
     try:
         result = run_bench(config, command=argv)

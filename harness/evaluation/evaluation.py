@@ -59,10 +59,14 @@ class TurnLog:
     valid: bool
     n_tokens: int
     finish_reason: str
+    n_prompt_tokens: int | None = None
+    """The prompt's tokens, when an endpoint said (its `usage`)."""
+    latency_s: float | None = None
+    """The request's seconds, for agents behind an endpoint (`tracerl bench compare`)."""
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        return {
+        """A JSON-safe dict (the endpoint's figures only when there are some)."""
+        out: dict[str, Any] = {
             "action": self.action,
             "observation": self.observation,
             "kind": self.kind,
@@ -70,6 +74,11 @@ class TurnLog:
             "n_tokens": self.n_tokens,
             "finish_reason": self.finish_reason,
         }
+        if self.n_prompt_tokens is not None:
+            out["n_prompt_tokens"] = self.n_prompt_tokens
+        if self.latency_s is not None:
+            out["latency_s"] = round(self.latency_s, 4)
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -447,6 +456,8 @@ def _step(episode: _Running, action: AgentAction) -> str | None:
             valid=bool(info["valid_action"]),
             n_tokens=action.n_tokens,
             finish_reason=action.finish_reason,
+            n_prompt_tokens=action.n_prompt_tokens,
+            latency_s=action.latency_s,
         )
     )
     episode.observation, episode.info = observation, info

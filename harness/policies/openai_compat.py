@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import functools
 import json
 import logging
@@ -146,6 +147,9 @@ class TextCompletion:
     n_prompt_tokens: int | None = None
     """From the reply's `usage`."""
     n_completion_tokens: int | None = None
+    latency_s: float | None = None
+    """Seconds from sending the request to its whole reply, retries included (not the wait
+    for a free slot)."""
 
 
 _T = TypeVar("_T")
@@ -544,9 +548,10 @@ class OpenAICompatClient:
         for attempt in range(self.config.max_retries + 1):
             try:
                 async with gate:
-                    return _parse_reply(
-                        await self._post_with_retries(http, url, body), url, sampling, parse
-                    )
+                    start = time.monotonic()
+                    reply = await self._post_with_retries(http, url, body)
+                    completion = _parse_reply(reply, url, sampling, parse)
+                    return dataclasses.replace(completion, latency_s=time.monotonic() - start)
             except ReplyTooLarge:
                 raise
             except MalformedReply as err:
