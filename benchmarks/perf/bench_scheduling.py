@@ -7,7 +7,7 @@ each `/v1/completions` request after L seconds (fixed, or uniform in L +- jitter
 `--searches` times and then answering, so R = searches + 1. It then times the episode loop of
 `run_bench` on 8 x C generated questions (BM25 over a small generated corpus, so the env's
 steps cost next to nothing) and prints the share of the limit reached, at each concurrency,
-with a fixed and a jittered latency.
+with a fixed and a jittered latency: the median of `--repeats` runs, and the best.
 
 `--before DIR` times another checkout the same way, in the same run (e.g. the code before
 continuous scheduling: `git archive COMMIT | tar -x -C DIR`); each checkout runs in its own
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,8 @@ class Args:
     """C: episodes in flight."""
     episodes_per_slot: int = 8
     """Episodes per run = this x C (the fill and drain at the ends weigh 1 / this)."""
+    repeats: int = 3
+    """Runs per setting and checkout (the median is reported, and the best)."""
     before: Path | None = None
     """Another checkout to time the same way (the code before a change)."""
     json: bool = False
@@ -191,45 +194,52 @@ def time_run(source: Path, url: str, concurrency: int, n: int, folder: Path) -> 
     return figures
 
 
-def measure(args: Args, source: Path, label: str) -> list[dict[str, Any]]:
-    """Every (jitter, C) run of one checkout, as rows."""
+def measure(args: Args) -> list[dict[str, Any]]:
+    """Every (jitter, C) run, `--repeats` times, the checkouts interleaved; one row each.
+
+    The share is the median over the repeats; the best repeat is kept beside it (on a shared
+    machine, the least disturbed run).
+    """
+    sources = [(ROOT, "after" if args.before is not None else "this checkout")]
+    if args.before is not None:
+        sources.insert(0, (args.before.resolve(), "before"))
     rows = []
     for jitter in (0.0, args.jitter_s):
         with fake_server(args, jitter) as url:
             for c in args.concurrency:
                 n = args.episodes_per_slot * c
-                with tempfile.TemporaryDirectory() as scratch:
-                    figures = time_run(source, url, c, n, Path(scratch))
-                requests = figures["turns"]  # R: requests (turns) per episode, measured
-                limit = c / (args.latency_s * requests)
-                rate = n / figures["loop_s"]
-                rows.append(
-                    {
-                        "code": label,
-                        "latency": f"{args.latency_s:g} s"
-                        + (f" +- {jitter:g}" if jitter else " fixed"),
-                        "concurrency": c,
-                        "episodes": n,
-                        "requests_per_episode": round(requests, 3),
-                        "loop_s": round(figures["loop_s"], 2),
-                        "episodes_per_s": round(rate, 2),
-                        "limit_per_s": round(limit, 2),
-                        "share_of_limit": round(rate / limit, 3),
-                    }
-                )
-                print(rows[-1], file=sys.stderr, flush=True)
+                runs: dict[str, list[dict[str, Any]]] = {label: [] for _, label in sources}
+                for _ in range(args.repeats):
+                    for source, label in sources:
+                        with tempfile.TemporaryDirectory() as scratch:
+                            runs[label].append(time_run(source, url, c, n, Path(scratch)))
+                for label, figures in runs.items():
+                    requests = statistics.median(f["turns"] for f in figures)  # R, measured
+                    limit = c / (args.latency_s * requests)
+                    shares = sorted(n / f["loop_s"] / limit for f in figures)
+                    rows.append(
+                        {
+                            "code": label,
+                            "latency": f"{args.latency_s:g} s"
+                            + (f" +- {jitter:g}" if jitter else " fixed"),
+                            "concurrency": c,
+                            "episodes": n,
+                            "requests_per_episode": round(requests, 3),
+                            "limit_per_s": round(limit, 2),
+                            "loop_s": [round(f["loop_s"], 2) for f in figures],
+                            "share_of_limit": round(statistics.median(shares), 3),
+                            "best_share": round(shares[-1], 3),
+                        }
+                    )
+                    print(rows[-1], file=sys.stderr, flush=True)
     return rows
 
 
 def main(args: Args) -> dict[str, Any]:
-    """Time the `--before` checkout (if given), then this one."""
-    rows = []
-    if args.before is not None:
-        rows += measure(args, args.before.resolve(), "before")
-    rows += measure(args, ROOT, "after" if args.before is not None else "this checkout")
+    """Time this checkout, and the `--before` one beside it."""
     return {
         "meta": {**run_meta(), "args": {k: str(v) for k, v in asdict(args).items()}},
-        "runs": rows,
+        "runs": measure(args),
     }
 
 
