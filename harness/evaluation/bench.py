@@ -1136,9 +1136,9 @@ def bench(argv: list[str]) -> int:
     compares finished runs instead (`harness.evaluation.compare`).
     """
     if argv[:1] == ["compare"]:
-        from harness.evaluation.compare import compare
+        from harness.evaluation.compare import bench_compare
 
-        return compare(argv[1:])
+        return bench_compare(argv[1:])
     config = tyro.cli(BenchConfig, args=flag_pairs(argv, ("chat_template",)), prog="tracerl bench")
     try:
         result = run_bench(config, command=argv)

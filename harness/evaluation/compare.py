@@ -31,7 +31,7 @@ from harness.evaluation.evaluation import EpisodeRecord
 from harness.evaluation.runs import read_finished, write_atomic
 from harness.evaluation.stats import Estimate, bootstrap_mean, paired_difference
 
-__all__ = ["CompareConfig", "Row", "compare", "compare_runs", "load_runs"]
+__all__ = ["CompareConfig", "Row", "bench_compare", "compare_runs", "load_runs"]
 
 log = logging.getLogger(__name__)
 
@@ -315,7 +315,7 @@ def plot(rows: Sequence[Row], path: Path) -> Path:
     return path
 
 
-def compare(argv: list[str]) -> int:
+def bench_compare(argv: list[str]) -> int:
     """`tracerl bench compare RUN ...`; 0 on success, 2 on bad input (one line)."""
     config = tyro.cli(CompareConfig, args=argv, prog="tracerl bench compare")
     try:
