@@ -16,6 +16,7 @@ __all__ = [
     "PluginError",
     "RankMismatchError",
     "Refused",
+    "ReplyTooLarge",
     "ResumeError",
     "RolloutError",
     "RunAborted",
@@ -40,6 +41,10 @@ class ContextLengthExceeded(EndpointRejected):
 
 class MalformedReply(EndpointRejected):
     """A 200 reply that is not the API's (not JSON, `"choices": []`), still after the retries."""
+
+
+class ReplyTooLarge(MalformedReply):
+    """A reply over the endpoint's `max_reply_bytes` (not asked again: it would cost as much)."""
 
 
 class EngineTimeoutError(HarnessError, TimeoutError):

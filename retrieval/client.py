@@ -38,7 +38,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import AsyncIterable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -54,7 +54,7 @@ from retrieval.protocol import (
     encode_request,
     parse_response,
 )
-from retrieval.wall_clock import attempt_ends_at, install
+from retrieval.wall_clock import aread_capped, attempt_ends_at, install, read_capped
 
 __all__ = ["HTTPRetriever"]
 
@@ -292,7 +292,7 @@ class HTTPRetriever:
                     ) as response,
                 ):
                     self._check_length(method, path, response, cap)
-                    content = _read_capped(response.iter_bytes(), cap, self._too_large(path, cap))
+                    content = read_capped(response.iter_bytes(), cap, self._too_large(path, cap))
                 self._follow_index_id(response)
                 return self._decode(method, path, response, content)
             except (_Retryable, httpx.TransportError) as err:
@@ -364,7 +364,7 @@ class HTTPRetriever:
                         **_request_kwargs(body),
                     ) as response:
                         self._check_length("POST", path, response, cap)
-                        content = await _aread_capped(
+                        content = await aread_capped(
                             response.aiter_bytes(), cap, self._too_large(path, cap)
                         )
                 self._follow_index_id(response)
@@ -529,28 +529,6 @@ def _request_kwargs(body: _Body | None) -> dict[str, Any]:
 
 _HEADERS = {"accept-encoding": "identity"}
 """Ask for no compression: the size cap then counts what the server sends."""
-
-
-def _read_capped(chunks: Iterable[bytes], cap: int, too_large: Exception) -> bytes:
-    """The body from `chunks`; `too_large` as soon as it passes `cap` bytes."""
-    parts, size = [], 0
-    for chunk in chunks:
-        size += len(chunk)
-        if size > cap:
-            raise too_large
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-async def _aread_capped(chunks: AsyncIterable[bytes], cap: int, too_large: Exception) -> bytes:
-    """`_read_capped` for an async body."""
-    parts, size = [], 0
-    async for chunk in chunks:
-        size += len(chunk)
-        if size > cap:
-            raise too_large
-        parts.append(chunk)
-    return b"".join(parts)
 
 
 def _detail(content: bytes) -> str:

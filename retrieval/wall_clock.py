@@ -8,20 +8,23 @@ handshake, read and write to the time left and raises httpcore's timeout once no
 So an attempt ends at `end` (plus one scheduler tick) whatever the server does, in the
 connect, the headers or the body, without a watchdog thread. Outside a block, httpx's own
 timeouts apply unchanged.
+
+`read_capped` / `aread_capped` bound the other side of an attempt, its size: they read a body
+and stop as soon as it passes a byte cap, so a server cannot fill the caller's memory.
 """
 
 from __future__ import annotations
 
 import time
 import typing
-from collections.abc import Iterable, Iterator
+from collections.abc import AsyncIterable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
 import httpcore
 import httpx
 
-__all__ = ["attempt_ends_at", "install"]
+__all__ = ["aread_capped", "attempt_ends_at", "install", "install_transport", "read_capped"]
 
 _END: ContextVar[float | None] = ContextVar("http_attempt_end", default=None)
 _WRITE_PIECE = 65_536  # a write is cut into pieces so that a stalled reader cannot hold one
@@ -167,15 +170,48 @@ def install(client: httpx.Client | httpx.AsyncClient) -> None:
     """Route `client`'s transports (its default one and any proxy's) through the deadline.
 
     httpx exposes no network-backend option, so this swaps the backend of the connection pool
-    each of its transports built (httpcore's `ConnectionPool` and its proxy subclasses keep it
-    in `_network_backend`); the trickle tests in `tests/retrieval/test_wall_clock.py` fail if
-    that ever changes.
+    each of its transports built (`install_transport`).
     """
-    wrapper = _AsyncBackend if isinstance(client, httpx.AsyncClient) else _Backend
     for transport in [client._transport, *(t for t in client._mounts.values() if t)]:
-        pool = getattr(transport, "_pool", None)
-        inner = getattr(pool, "_network_backend", None)
-        if inner is None:
-            raise RuntimeError(f"httpx's transport {transport!r} has no network backend to wrap")
-        if not isinstance(inner, _Backend | _AsyncBackend):
-            pool._network_backend = wrapper(inner)  # type: ignore[union-attr]
+        install_transport(transport)
+
+
+def install_transport(transport: httpx.BaseTransport | httpx.AsyncBaseTransport) -> None:
+    """Route one httpx transport's connection pool through the deadline.
+
+    httpcore's `ConnectionPool` and its proxy subclasses keep the backend in
+    `_network_backend`; the trickle tests in `tests/retrieval/test_wall_clock.py` fail if that
+    ever changes.
+
+    Raises:
+        RuntimeError: the transport has no connection pool to wrap (a mock transport).
+    """
+    wrapper = _AsyncBackend if isinstance(transport, httpx.AsyncBaseTransport) else _Backend
+    pool = getattr(transport, "_pool", None)
+    inner = getattr(pool, "_network_backend", None)
+    if inner is None:
+        raise RuntimeError(f"httpx's transport {transport!r} has no network backend to wrap")
+    if not isinstance(inner, _Backend | _AsyncBackend):
+        pool._network_backend = wrapper(inner)  # type: ignore[union-attr]
+
+
+def read_capped(chunks: Iterable[bytes], cap: int, too_large: Exception) -> bytes:
+    """The body from `chunks`; `too_large` as soon as it passes `cap` bytes."""
+    parts, size = [], 0
+    for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def aread_capped(chunks: AsyncIterable[bytes], cap: int, too_large: Exception) -> bytes:
+    """`read_capped` for an async body."""
+    parts, size = [], 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > cap:
+            raise too_large
+        parts.append(chunk)
+    return b"".join(parts)

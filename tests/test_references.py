@@ -36,8 +36,9 @@ MORE_TITLES = re.compile(r'"([^"]+)"')
 # a section of the results page by (the start of) its heading, as `RESULTS.md, "Wiki scale"`
 RESULTS_TITLE = re.compile(r'RESULTS\.md\)?,?\s+"([^"]+)"((?:,?\s+and\s+"[^"]+")*)')
 DECISION_HEADING = re.compile(r"^## (.+)$", re.M)
-# files a run writes (`runs/x/report.md`, `OUT/report.md`, `experiment-NAME.md`): not references
-OUTPUT = re.compile(r"^(?:runs/|OUT/|run_dir/)|^report\.md$|NAME")
+# files a run writes (`runs/x/report.md`, `OUT/report.md`, `compare.md`, `experiment-NAME.md`):
+# not references
+OUTPUT = re.compile(r"^(?:runs/|OUT/|run_dir/)|^(?:report|compare)\.md$|NAME")
 # what no file may cite: pages that live outside the repository
 FOREIGN = re.compile(r"\bDESIGN(?:\.md)? ?§|\.\./shared\b")
 

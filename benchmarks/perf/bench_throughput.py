@@ -141,12 +141,20 @@ def comparable(report: dict[str, Any]) -> dict[str, Any]:
     return {**report, "meta": meta}
 
 
+def _episodes(folder: Path) -> list[dict[str, Any]]:
+    """The run's trajectories without the request latencies (timings differ run to run)."""
+    lines = (folder / "trajectories.jsonl").read_text("utf-8").splitlines()
+    episodes = [json.loads(line) for line in lines]
+    for episode in episodes:
+        for turn in episode["turns"]:
+            turn.pop("latency_s", None)
+    return episodes
+
+
 def _same_report(a: Path, b: Path) -> bool:
     report_a = json.loads((a / "report.json").read_text())
     report_b = json.loads((b / "report.json").read_text())
-    return comparable(report_a) == comparable(report_b) and (a / "trajectories.jsonl").read_text(
-        "utf-8"
-    ) == (b / "trajectories.jsonl").read_text("utf-8")
+    return comparable(report_a) == comparable(report_b) and _episodes(a) == _episodes(b)
 
 
 def _bench(args: list[str], stop_after: int | None = None) -> tuple[BenchResult, float]:

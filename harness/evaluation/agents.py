@@ -16,6 +16,10 @@ Backends:
   re-tokenised and evaluation sees the token layout training does.
 - `HTTPAgent`: any OpenAI-compatible endpoint through `OpenAICompatClient`, with the transcript
   as text (`/v1/completions`) or as chat messages (`/v1/chat/completions`, for hosted APIs).
+  It is an `EndpointAgent`, as are `harness.evaluation.tool_agents`' `ToolCallAgent` and
+  `ReActAgent`: a `ConcurrentAgent` whose `submit` sends one episode's turn at once and whose
+  `wait` collects whichever replies are back, so evaluation keeps every slot busy instead of
+  waiting for the slowest episode of a turn.
 
 Generation stops at `</search>` or `</answer>`; an agent reports the tokens it generated for
 every action, so evaluation can count them.
@@ -23,9 +27,12 @@ every action, so evaluation can count them.
 
 from __future__ import annotations
 
+import abc
+import concurrent.futures
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+import zlib
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -34,7 +41,7 @@ from envs.qa_datasets import DecompositionStep, LoadedDataset
 from envs.tools import ToolCall
 from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedReply
 from harness.policies.base import STOP_STRINGS, PolicyBackend, SamplingParams
-from harness.policies.openai_compat import OpenAICompatClient, TextCompletion
+from harness.policies.openai_compat import OpenAICompatClient, ReplyFuture, TextCompletion
 from harness.rollout.episodes import EpisodeCodec
 
 if TYPE_CHECKING:
@@ -43,7 +50,9 @@ if TYPE_CHECKING:
 __all__ = [
     "Agent",
     "AgentAction",
+    "ConcurrentAgent",
     "DecompositionOracle",
+    "EndpointAgent",
     "HTTPAgent",
     "OraclePlan",
     "PolicyAgent",
@@ -52,6 +61,7 @@ __all__ = [
     "close_open_tag",
     "failed_reply",
     "oracle_plans",
+    "reply_action",
     "reply_tokens",
 ]
 
@@ -74,6 +84,12 @@ class AgentAction:
     replies stayed malformed after the retries, and only that episode is stopped."""
     call: ToolCall | None = None
     """A structured action (a native tool call) handed to `env.step` instead of `text`."""
+    cause: str | None = None
+    """Why an `error` action ended its episode (the trajectory keeps it)."""
+    n_prompt_tokens: int | None = None
+    """The prompt's tokens, when the endpoint says (`usage`)."""
+    latency_s: float | None = None
+    """Seconds the endpoint took for it, for agents behind one."""
 
 
 @runtime_checkable
@@ -100,6 +116,28 @@ class Agent(Protocol):
         infos: Sequence[Mapping[str, Any]],
     ) -> list[AgentAction]:
         """One action per running episode; `observations[i]` is "" right after `start`."""
+        ...
+
+
+@runtime_checkable
+class ConcurrentAgent(Agent, Protocol):
+    """An agent whose episodes each send their next turn the moment their reply is back.
+
+    Evaluation then keeps `batch_size` episodes in flight with no lockstep per turn (as the
+    rollout engine does for a `ConcurrentPolicyBackend`): a slow reply, or a retried request,
+    holds up only its own episode.
+    """
+
+    def submit(self, state: Any, observation: str, info: Mapping[str, Any]) -> Hashable:
+        """Start one episode's next action; returns a handle for `wait`."""
+        ...
+
+    def wait(self, handles: Sequence[Hashable]) -> list[tuple[Hashable, AgentAction]]:
+        """Block until at least one of `handles` is done; return every one that is."""
+        ...
+
+    def close(self) -> None:
+        """Cancel what is in flight and release the connections."""
         ...
 
 
@@ -360,18 +398,169 @@ def close_open_tag(text: str) -> str:
     return text + closer if closer else text
 
 
-@dataclass
-class _TextState:
+@dataclass(kw_only=True)
+class EndpointState:
+    """What every episode of an `EndpointAgent` keeps: its question and its requests so far."""
+
+    task_id: str
+    """The question's id (with the turn, it seeds the episode's requests)."""
+    n_calls: int = 0
+    """Requests sent for this episode."""
+
+
+class EndpointAgent(abc.ABC):
+    """What the agents behind an OpenAI-compatible endpoint share; a `ConcurrentAgent`.
+
+    `submit` sends one episode's next request at once (or hands back an action it needs no
+    request for, as the next queued tool call), `wait` collects whichever are back, and `act`
+    is both for a batch. A subclass says how a turn goes out (`_send`) and what a reply makes
+    (`_reply_action`); a refused or malformed reply becomes `failed_reply`'s action.
+
+    Args:
+        name: the label in reports.
+        client: the endpoint client (concurrency, retries, timeouts and size caps live there).
+        sampling: generation settings.
+        settings: extra fields for the report.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        client: OpenAICompatClient,
+        sampling: SamplingParams,
+        *,
+        settings: Mapping[str, Any] | None = None,
+    ) -> None:
+        self._name = name
+        self.client = client
+        self.sampling = sampling
+        self._settings = dict(settings or {})
+        self._in_flight: dict[Hashable, EndpointState] = {}
+
+    @property
+    def name(self) -> str:
+        """The label in reports."""
+        return self._name
+
+    def settings(self) -> dict[str, Any]:
+        """Endpoint (without the API key) and sampling; subclasses add their own."""
+        endpoint = asdict(self.client.config)
+        endpoint.pop("api_key", None)
+        return {
+            **self._settings,
+            "backend": "openai-compatible",
+            "endpoint": endpoint,
+            "sampling": _sampling_json(self.sampling),
+        }
+
+    def check_endpoint(self) -> None:
+        """Fail before the run if the endpoint is down or does not serve this model.
+
+        Raises:
+            EndpointError: the endpoint does not answer.
+            EndpointRejected: it refuses the key, or does not list the model.
+        """
+        check_endpoint(self.client)
+
+    def submit(self, state: EndpointState, observation: str, info: Mapping[str, Any]) -> Hashable:
+        """Take the observation into the episode and send its next request now."""
+        sent = self._send(state, observation, info)
+        future: concurrent.futures.Future[Any]
+        if isinstance(sent, AgentAction):  # no request needed: already done
+            future = concurrent.futures.Future()
+            future.set_result(sent)
+        else:
+            future = sent
+        self._in_flight[future] = state
+        return future
+
+    def wait(self, handles: Sequence[Hashable]) -> list[tuple[Hashable, AgentAction]]:
+        """Block until at least one reply is back; each finished episode's action.
+
+        Raises:
+            EndpointError: a request did not get through within its retries.
+            EndpointRejected: the endpoint refused a request for a reason that is not the
+                episode's own (a bad key, an unknown model).
+        """
+        futures: list[Any] = list(handles)
+        done, _ = concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_COMPLETED)
+        return [(f, self._collect(f)) for f in done]
+
+    def act(
+        self,
+        states: Sequence[EndpointState],
+        observations: Sequence[str],
+        infos: Sequence[Mapping[str, Any]],
+    ) -> list[AgentAction]:
+        """Send every running episode's next request at once; each one's action.
+
+        An episode whose prompt the endpoint refuses as too long for the model's context ends
+        there (`finish_reason="context"`), as does one whose replies stay malformed after the
+        retries or pass the size cap (`"error"`, with its cause); any other refusal is raised.
+
+        Raises:
+            EndpointError: the endpoint did not answer within its retries.
+            EndpointRejected: the endpoint refused a request for another reason.
+        """
+        futures: list[Any] = [
+            self.submit(state, obs, info)
+            for state, obs, info in zip(states, observations, infos, strict=True)
+        ]
+        concurrent.futures.wait(futures)
+        return [self._collect(f) for f in futures]
+
+    def close(self) -> None:
+        """Cancel the requests in flight; close the client's connections."""
+        self._in_flight.clear()
+        self.client.close()
+
+    def _sampling_for(self, state: EndpointState) -> SamplingParams:
+        """The episode's next request's sampling.
+
+        Its seed comes from the run's, the question and the turn, so a sampled run draws the
+        same numbers whatever order the replies come back in (and on `--resume`).
+        """
+        state.n_calls += 1
+        return call_sampling(
+            self.sampling, zlib.crc32(f"{state.task_id}\0{state.n_calls}".encode())
+        )
+
+    def _collect(self, future: concurrent.futures.Future[Any]) -> AgentAction:
+        state = self._in_flight.pop(future)
+        result = future.result()
+        if isinstance(result, AgentAction):
+            return result
+        if not isinstance(result, TextCompletion):
+            return failed_reply(result)
+        return self._reply_action(state, result)
+
+    @abc.abstractmethod
+    def start(self, prompt: str, info: Mapping[str, Any]) -> Any:
+        """A new episode's state (an `EndpointState`) from the env's prompt and info."""
+
+    @abc.abstractmethod
+    def _send(
+        self, state: Any, observation: str, info: Mapping[str, Any]
+    ) -> ReplyFuture[TextCompletion | EndpointRejected] | AgentAction:
+        """Take in the observation; send the next request, or return an action needing none."""
+
+    @abc.abstractmethod
+    def _reply_action(self, state: Any, reply: TextCompletion) -> AgentAction:
+        """The action a reply gives, recorded in the episode's state."""
+
+
+@dataclass(kw_only=True)
+class _TextState(EndpointState):
     transcript: str
     messages: list[dict[str, str]]
 
 
-class HTTPAgent:
-    """A model behind an OpenAI-compatible endpoint; all running episodes are sent concurrently.
+class HTTPAgent(EndpointAgent):
+    """A model behind an OpenAI-compatible endpoint; every running episode has a request out.
 
     Args:
         name: the label in reports.
-        client: the endpoint client (concurrency, retries and timeouts live there).
+        client: the endpoint client (concurrency, retries, timeouts and size caps live there).
         sampling: generation settings (stop strings `</search>`, `</answer>`).
         api: `completions` sends the whole transcript as one text prompt (Search-R1's protocol:
             observations are part of the model's own stream); `chat` sends a conversation
@@ -392,86 +581,45 @@ class HTTPAgent:
         prompt_wrapper: Callable[[str], str] | None = None,
         settings: Mapping[str, Any] | None = None,
     ) -> None:
-        self._name = name
+        super().__init__(name, client, sampling, settings=settings)
         self.prompt_wrapper = prompt_wrapper
-        self.client = client
-        self.sampling = sampling
         self.api = api
-        self._settings = dict(settings or {})
-        self._n_calls = 0
-
-    @property
-    def name(self) -> str:
-        """The label in reports."""
-        return self._name
 
     def settings(self) -> dict[str, Any]:
         """Endpoint (without the API key), API kind and sampling."""
-        endpoint = asdict(self.client.config)
-        endpoint.pop("api_key", None)
         return {
-            **self._settings,
-            "backend": "openai-compatible",
-            "endpoint": endpoint,
+            **super().settings(),
             "api": self.api,
             "chat_template": self.prompt_wrapper is not None,
-            "sampling": _sampling_json(self.sampling),
         }
-
-    def check_endpoint(self) -> None:
-        """Fail before the run if the endpoint is down or does not serve this model.
-
-        Raises:
-            EndpointError: the endpoint does not answer.
-            EndpointRejected: it refuses the key, or does not list the model.
-        """
-        check_endpoint(self.client)
 
     def start(self, prompt: str, info: Mapping[str, Any]) -> _TextState:
         """The transcript starts with the prompt."""
         text = prompt if self.prompt_wrapper is None else self.prompt_wrapper(prompt)
-        return _TextState(transcript=text, messages=[{"role": "user", "content": prompt}])
+        return _TextState(
+            transcript=text,
+            messages=[{"role": "user", "content": prompt}],
+            task_id=str(info.get("task_id", "")),
+        )
 
-    def act(
-        self,
-        states: Sequence[_TextState],
-        observations: Sequence[str],
-        infos: Sequence[Mapping[str, Any]],
-    ) -> list[AgentAction]:
-        """Send every running episode's transcript at once; append each reply.
-
-        An episode whose prompt the endpoint refuses as too long for the model's context ends
-        there (`finish_reason="context"`), as does one whose replies stay malformed after the
-        retries (`"error"`); any other refusal is raised.
-
-        Raises:
-            EndpointError: the endpoint did not answer within its retries.
-            EndpointRejected: the endpoint refused a request for another reason.
-        """
-        for state, obs in zip(states, observations, strict=True):
-            if obs:
-                state.transcript += obs
-                state.messages.append({"role": "user", "content": obs})
-        self._n_calls += 1
-        sampling = call_sampling(self.sampling, self._n_calls)
+    def _send(
+        self, state: _TextState, observation: str, info: Mapping[str, Any]
+    ) -> ReplyFuture[TextCompletion | EndpointRejected]:
+        """Append the observation; send the episode's transcript."""
+        if observation:
+            state.transcript += observation
+            state.messages.append({"role": "user", "content": observation})
+        sampling = self._sampling_for(state)
         if self.api == "chat":
-            replies = self.client.chat_each([s.messages for s in states], sampling)
-        else:
-            replies = self.client.complete_each([s.transcript for s in states], sampling)
-        actions = []
-        for state, reply in zip(states, replies, strict=True):
-            if not isinstance(reply, TextCompletion):
-                actions.append(failed_reply(reply))
-                continue
-            text = _action_text(reply)
-            state.transcript += text
-            state.messages.append({"role": "assistant", "content": text})
-            actions.append(
-                AgentAction(
-                    text=text, n_tokens=reply_tokens(reply), finish_reason=reply.finish_reason
-                )
-            )
-        return actions
+            return self.client.submit_chat(state.messages, sampling)
+        return self.client.submit_complete(state.transcript, sampling)
+
+    def _reply_action(self, state: _TextState, reply: TextCompletion) -> AgentAction:
+        """The reply's action text, appended to the episode's transcript."""
+        text = _action_text(reply)
+        state.transcript += text
+        state.messages.append({"role": "assistant", "content": text})
+        return reply_action(reply, text)
 
 
 def check_endpoint(client: OpenAICompatClient) -> None:
@@ -497,7 +645,8 @@ def failed_reply(error: EndpointRejected) -> AgentAction:
     """The action that ends the one episode whose request failed, or the error raised.
 
     A prompt that outgrew the model's context ends its episode (`context`), as do replies
-    that stayed malformed after the retries (`error`); any other refusal ends the run.
+    that stayed malformed after the retries or passed the size cap (`error`, with its cause);
+    any other refusal ends the run.
 
     Raises:
         EndpointRejected: the endpoint refused the request for another reason.
@@ -506,8 +655,20 @@ def failed_reply(error: EndpointRejected) -> AgentAction:
         return AgentAction(text="", finish_reason="context")
     if isinstance(error, MalformedReply):  # this episode only; the run goes on
         log.warning("an episode ends without an answer: %s", error)
-        return AgentAction(text="", finish_reason="error")
+        return AgentAction(text="", finish_reason="error", cause=str(error))
     raise error
+
+
+def reply_action(reply: TextCompletion, text: str, call: ToolCall | None = None) -> AgentAction:
+    """The action a reply gives (`text`, or a structured `call`), with what the reply cost."""
+    return AgentAction(
+        text=text,
+        call=call,
+        n_tokens=reply_tokens(reply),
+        finish_reason=reply.finish_reason,
+        n_prompt_tokens=reply.n_prompt_tokens,
+        latency_s=reply.latency_s,
+    )
 
 
 def reply_tokens(reply: TextCompletion) -> int:

@@ -383,9 +383,13 @@ class AgentArgs:
     """openai: a local tokenizer folder whose chat template wraps the prompt (the served
     model's, for `--protocol search-r1`)."""
     concurrency: int = 16
-    """Episodes in flight: the batch of a local model, concurrent requests for openai."""
+    """Episodes in flight: the batch of a local model; for openai, requests always in flight
+    (each episode sends its next turn as soon as its reply is back)."""
     timeout_s: float = 120.0
-    """openai: per request."""
+    """openai: the wall-clock limit of one attempt of a request, however slowly the server
+    sends."""
+    max_reply_bytes: int = 4_000_000
+    """openai: a reply body over this many bytes is refused; it ends only its episode."""
     max_retries: int = 3
     """openai: retries on connection errors, 429 and 5xx."""
     device: str = "cpu"
@@ -687,6 +691,7 @@ def make_agent(
                 max_retries=args.max_retries,
                 max_concurrency=args.concurrency,
                 extensions=args.extensions,
+                max_reply_bytes=args.max_reply_bytes,
             )
         except ValueError as err:
             raise BenchmarkError(as_flags(str(err))) from None
@@ -1170,8 +1175,13 @@ def bench(argv: list[str]) -> int:
     """`tracerl bench`: evaluate agents and write the report.
 
     Returns 0 on success, 2 on bad input (nothing run), 1 when the run stopped part-way (a
-    partial report is written; `--resume` finishes it).
+    partial report is written; `--resume` finishes it). `tracerl bench compare RUN ...`
+    compares finished runs instead (`harness.evaluation.compare`).
     """
+    if argv[:1] == ["compare"]:
+        from harness.evaluation.compare import bench_compare
+
+        return bench_compare(argv[1:])
     config = tyro.cli(BenchConfig, args=flag_pairs(argv, ("chat_template",)), prog="tracerl bench")
     try:
         result = run_bench(config, command=argv)
@@ -1202,6 +1212,7 @@ _FLAG_OF_FIELD = {
     "timeout_s": "--timeout-s",
     "max_retries": "--max-retries",
     "max_concurrency": "--concurrency",
+    "max_reply_bytes": "--max-reply-bytes",
     "base_url": "--base-url",
 }
 """`EndpointConfig` fields whose errors reach a `tracerl bench` user, and their flags."""

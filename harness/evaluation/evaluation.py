@@ -1,9 +1,10 @@
 """Evaluate an agent on a task set: episodes through the env, then metrics per group.
 
 `evaluate(agent, env_factory, tasks)` plays one episode per task, `batch_size` at a time (a
-finished episode's slot is refilled at once), and returns a `Report`: every episode's record
-(its turns, answer and scores) and the metrics overall, per dataset, per question type and per
-hop count.
+finished episode's slot is refilled at once; a `ConcurrentAgent`'s episodes each send their
+next turn as soon as their reply is back, with no lockstep per turn), and returns a `Report`:
+every episode's record (its turns, answer and scores) and the metrics overall, per dataset, per
+question type and per hop count.
 
 Metrics (see docs/benchmarks.md):
 
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from envs.tasks import QATask, as_gold_answers
-from harness.evaluation.agents import Agent, AgentAction
+from harness.evaluation.agents import Agent, AgentAction, ConcurrentAgent
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -58,10 +59,14 @@ class TurnLog:
     valid: bool
     n_tokens: int
     finish_reason: str
+    n_prompt_tokens: int | None = None
+    """The prompt's tokens, when an endpoint said (its `usage`)."""
+    latency_s: float | None = None
+    """The request's seconds, for agents behind an endpoint (`tracerl bench compare`)."""
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        return {
+        """A JSON-safe dict (the endpoint's figures only when there are some)."""
+        out: dict[str, Any] = {
             "action": self.action,
             "observation": self.observation,
             "kind": self.kind,
@@ -69,6 +74,11 @@ class TurnLog:
             "n_tokens": self.n_tokens,
             "finish_reason": self.finish_reason,
         }
+        if self.n_prompt_tokens is not None:
+            out["n_prompt_tokens"] = self.n_prompt_tokens
+        if self.latency_s is not None:
+            out["latency_s"] = round(self.latency_s, 4)
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,6 +99,8 @@ class EpisodeRecord:
     end: str
     """`answer`, `max_turns` (truncated by the env), `context` (the model's context ran out) or
     `error` (the endpoint's replies stayed malformed after its retries)."""
+    cause: str | None = None
+    """Why an `error` episode ended (the endpoint's malformed or oversized reply)."""
     n_tool_calls: int
     n_tokens: int
     retrieved_doc_ids: tuple[str, ...]
@@ -127,6 +139,7 @@ class EpisodeRecord:
             "sub_em": self.sub_em,
             "f1": self.f1,
             "end": self.end,
+            **({"cause": self.cause} if self.cause is not None else {}),
             "n_turns": self.n_turns,
             "n_valid": self.n_valid,
             "n_tool_calls": self.n_tool_calls,
@@ -152,6 +165,7 @@ class EpisodeRecord:
             sub_em=record["sub_em"],
             f1=record["f1"],
             end=record["end"],
+            cause=record.get("cause"),
             n_tool_calls=record["n_tool_calls"],
             n_tokens=record["n_tokens"],
             retrieved_doc_ids=tuple(record["retrieved_doc_ids"]),
@@ -305,6 +319,7 @@ class _Running:
     info: dict[str, Any]
     turns: list[TurnLog] = field(default_factory=list)
     n_tokens: int = 0
+    cause: str | None = None
 
 
 def evaluate(
@@ -346,46 +361,76 @@ def evaluate(
     queue.reverse()  # pop() from the end takes tasks in order
     envs = [env_factory() for _ in range(min(batch_size, n_total))]
     free = list(reversed(envs))
-    running: list[_Running] = []
     done: list[EpisodeRecord] = []
     bar = _progress_bar(n_total, agent.name) if progress else None
 
-    def admit() -> None:
+    def admit() -> list[_Running]:
+        admitted = []
         while queue and free:
             task = queue.pop()
             env = free.pop()
             prompt, info = env.reset(seed=seed, options={"task_id": task.task_id})
-            running.append(
+            admitted.append(
                 _Running(
                     env=env, task=task, state=agent.start(prompt, info), observation="", info=info
                 )
             )
+        return admitted
 
-    admit()
-    while running:
-        actions = agent.act(
-            [r.state for r in running], [r.observation for r in running], [r.info for r in running]
-        )
-        if len(actions) != len(running):
-            raise RuntimeError(
-                f"agent {agent.name!r} returned {len(actions)} actions for {len(running)} episodes"
+    def finish(episode: _Running, end: str) -> None:
+        record = _record(episode, end)
+        done.append(record)
+        free.append(episode.env)
+        if on_episode is not None:
+            on_episode(record)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(em=f"{_mean(r.em for r in done):.3f}", refresh=False)
+
+    if isinstance(agent, ConcurrentAgent):
+        # no lockstep: an episode is stepped and sends its next turn as soon as its action is
+        # back; a finished episode's slot takes the next task at once
+        pending: dict[Any, _Running] = {}
+
+        def send(episodes: Iterable[_Running]) -> None:
+            for episode in episodes:
+                pending[agent.submit(episode.state, episode.observation, episode.info)] = episode
+
+        try:
+            send(admit())
+            while pending:
+                ready = []
+                for handle, action in agent.wait(list(pending)):
+                    episode = pending.pop(handle)
+                    end = _step(episode, action)
+                    if end is None:
+                        ready.append(episode)
+                    else:
+                        finish(episode, end)
+                send([*ready, *admit()])
+        finally:
+            agent.close()
+    else:
+        running = admit()
+        while running:
+            actions = agent.act(
+                [r.state for r in running],
+                [r.observation for r in running],
+                [r.info for r in running],
             )
-        still: list[_Running] = []
-        for episode, action in zip(running, actions, strict=True):
-            end = _step(episode, action)
-            if end is None:
-                still.append(episode)
-                continue
-            record = _record(episode, end)
-            done.append(record)
-            free.append(episode.env)
-            if on_episode is not None:
-                on_episode(record)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(em=f"{_mean(r.em for r in done):.3f}", refresh=False)
-        running = still
-        admit()
+            if len(actions) != len(running):
+                raise RuntimeError(
+                    f"agent {agent.name!r} returned {len(actions)} actions for "
+                    f"{len(running)} episodes"
+                )
+            still: list[_Running] = []
+            for episode, action in zip(running, actions, strict=True):
+                end = _step(episode, action)
+                if end is None:
+                    still.append(episode)
+                else:
+                    finish(episode, end)
+            running = [*still, *admit()]
     if bar is not None:
         bar.close()
     position = {task_id: i for i, task_id in enumerate(task_ids)}
@@ -400,6 +445,7 @@ def _step(episode: _Running, action: AgentAction) -> str | None:
     """Apply one action; return how the episode ended, or None if it goes on."""
     episode.n_tokens += action.n_tokens
     if action.finish_reason in ("context", "error"):
+        episode.cause = action.cause
         return action.finish_reason
     step = action.text if action.call is None else action.call
     observation, _, terminated, truncated, info = episode.env.step(step)
@@ -411,6 +457,8 @@ def _step(episode: _Running, action: AgentAction) -> str | None:
             valid=bool(info["valid_action"]),
             n_tokens=action.n_tokens,
             finish_reason=action.finish_reason,
+            n_prompt_tokens=action.n_prompt_tokens,
+            latency_s=action.latency_s,
         )
     )
     episode.observation, episode.info = observation, info
@@ -436,6 +484,7 @@ def _record(episode: _Running, end: str) -> EpisodeRecord:
         sub_em=float(info.get("sub_em", 0.0)) if answered else 0.0,
         f1=float(info.get("f1", 0.0)) if answered else 0.0,
         end=end,
+        cause=episode.cause,
         n_tool_calls=int(info.get("n_tool_calls", 0)),
         n_tokens=episode.n_tokens,
         retrieved_doc_ids=tuple(info.get("retrieved_doc_ids", ())),

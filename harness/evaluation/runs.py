@@ -158,24 +158,50 @@ def read_finished(path: Path) -> dict[str, dict[str, EpisodeRecord]]:
     return finished
 
 
-class EpisodeStream:
-    """Appends each finished episode to `trajectories.jsonl` and flushes it at once."""
+MAX_TEXT_CHARS = 100_000
+"""The most characters of one action or observation a trajectory line stores (a turn of 512
+tokens is a few thousand); more is cut, with a note naming this cap."""
 
-    def __init__(self, path: Path, *, append: bool) -> None:
+
+class EpisodeStream:
+    """Appends each finished episode to `trajectories.jsonl` and flushes it at once.
+
+    Args:
+        path: the file.
+        append: add to it (`--resume`) instead of starting it afresh.
+        max_text_chars: the cap on each stored action and observation, so that a runaway
+            endpoint cannot make one line (and the file) huge; the scores are not affected.
+    """
+
+    def __init__(self, path: Path, *, append: bool, max_text_chars: int = MAX_TEXT_CHARS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         if append and path.is_file():
             _drop_torn_line(path)
         self._handle: IO[str] = path.open("a" if append else "w", encoding="utf-8")
+        self.max_text_chars = max_text_chars
 
     def write(self, agent: str, record: EpisodeRecord) -> None:
         """Append one episode (a whole line, then flush)."""
         line = {"agent": agent, **record.to_json()}
+        for turn in line["turns"]:
+            for key in ("action", "observation"):
+                turn[key] = _capped(turn[key], self.max_text_chars)
         self._handle.write(json.dumps(line, ensure_ascii=False) + "\n")
         self._handle.flush()
 
     def close(self) -> None:
         """Close the file."""
         self._handle.close()
+
+
+def _capped(text: str, cap: int) -> str:
+    """`text`, or its first `cap` characters and a note naming the cap."""
+    if len(text) <= cap:
+        return text
+    return (
+        f"{text[:cap]}[... {len(text) - cap:,} more characters not stored: the trajectory "
+        f"cap max_text_chars={cap:,}]"
+    )
 
 
 def _drop_torn_line(path: Path) -> None:

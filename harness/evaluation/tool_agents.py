@@ -2,6 +2,9 @@
 
 Both talk to an OpenAI-compatible endpoint and act on the env through structured actions
 (`envs.ToolCall`), so the env, its scoring and its budget are the ones the text protocols use.
+Both are `EndpointAgent`s (`harness.evaluation.agents`), so evaluation schedules them
+continuously: each episode sends its next request the moment its reply is back, seeded by the
+run's seed, the question and the turn.
 
 - `ToolCallAgent` (`--protocol tools`): the env's tools go out in the request's `tools` (the
   OpenAI function-calling schema: `search` with a `query` argument, and any other tool); each
@@ -21,19 +24,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from envs.tools import ANSWER, SearchTool, Tool, ToolCall
-from harness.evaluation.agents import (
-    AgentAction,
-    call_sampling,
-    check_endpoint,
-    failed_reply,
-    reply_tokens,
-)
+from harness.errors import EndpointRejected
+from harness.evaluation.agents import AgentAction, EndpointAgent, EndpointState, reply_action
 from harness.policies.base import SamplingParams
-from harness.policies.openai_compat import OpenAICompatClient, TextCompletion
+from harness.policies.openai_compat import OpenAICompatClient, ReplyFuture, TextCompletion
 
 __all__ = [
     "REACT_EXAMPLES",
@@ -60,8 +58,8 @@ def _render(call: ToolCall) -> str:
     return f"{call.name}({arguments})"
 
 
-class _HTTPBase:
-    """What both agents share: the client, sampling, tools and report settings."""
+class _ToolAgent(EndpointAgent):
+    """What both agents share: the env's tools, listed in the report."""
 
     def __init__(
         self,
@@ -72,48 +70,16 @@ class _HTTPBase:
         tools: Sequence[Tool] = (SearchTool(),),
         settings: Mapping[str, Any] | None = None,
     ) -> None:
-        self._name = name
-        self.client = client
-        self.sampling = sampling
+        super().__init__(name, client, sampling, settings=settings)
         self.tools = tuple(tools)
-        self._settings = dict(settings or {})
-        self._n_calls = 0
-
-    @property
-    def name(self) -> str:
-        """The label in reports."""
-        return self._name
 
     def settings(self) -> dict[str, Any]:
-        """Endpoint (without the API key), protocol, tools and sampling."""
-        endpoint = asdict(self.client.config)
-        endpoint.pop("api_key", None)
-        out = asdict(self.sampling)
-        out["stop"] = list(self.sampling.stop)
-        return {
-            **self._settings,
-            "backend": "openai-compatible",
-            "endpoint": endpoint,
-            "tools": [tool.name for tool in self.tools],
-            "sampling": out,
-        }
-
-    def check_endpoint(self) -> None:
-        """Fail before the run if the endpoint is down or does not serve this model.
-
-        Raises:
-            EndpointError: the endpoint does not answer.
-            EndpointRejected: it refuses the key, or does not list the model.
-        """
-        check_endpoint(self.client)
-
-    def _next_sampling(self) -> SamplingParams:
-        self._n_calls += 1
-        return call_sampling(self.sampling, self._n_calls)
+        """Endpoint (without the API key), tools and sampling."""
+        return {**super().settings(), "tools": [tool.name for tool in self.tools]}
 
 
-@dataclass
-class _ChatState:
+@dataclass(kw_only=True)
+class _ChatState(EndpointState):
     messages: list[dict[str, Any]]
     queue: list[ToolCall] = field(default_factory=list)
     """Calls of the last reply not yet stepped."""
@@ -121,7 +87,7 @@ class _ChatState:
     """The id of the call whose observation comes next."""
 
 
-class ToolCallAgent(_HTTPBase):
+class ToolCallAgent(_ToolAgent):
     """A chat model that calls the env's tools natively (`--protocol tools`; module doc).
 
     Args:
@@ -157,45 +123,27 @@ class ToolCallAgent(_HTTPBase):
             messages=[
                 {"role": "system", "content": self.system_prompt},
                 {"role": "user", "content": str(info["question"])},
-            ]
+            ],
+            task_id=str(info.get("task_id", "")),
         )
 
-    def act(
-        self,
-        states: Sequence[_ChatState],
-        observations: Sequence[str],
-        infos: Sequence[Mapping[str, Any]],
-    ) -> list[AgentAction]:
-        """Answer the last call's result; step the reply's next call, or ask the model.
-
-        Raises:
-            EndpointError: the endpoint did not answer within its retries.
-            EndpointRejected: the endpoint refused a request (other than for its context).
-        """
-        actions: list[AgentAction | None] = [None] * len(states)
-        ask: list[int] = []
-        for i, (state, obs) in enumerate(zip(states, observations, strict=True)):
-            if state.pending is not None:
-                state.messages.append(
-                    {"role": "tool", "tool_call_id": state.pending, "content": obs.strip()}
-                )
-                state.pending = None
-            if state.queue:
-                actions[i] = self._next_call(state, n_tokens=0, finish_reason="stop")
-            else:
-                ask.append(i)
-        if ask:
-            replies = self.client.chat_each(
-                [states[i].messages for i in ask], self._next_sampling(), tools=self.schemas
+    def _send(
+        self, state: _ChatState, observation: str, info: Mapping[str, Any]
+    ) -> ReplyFuture[TextCompletion | EndpointRejected] | AgentAction:
+        """Answer the last call's result; step the reply's next call, or ask the model."""
+        if state.pending is not None:
+            state.messages.append(
+                {"role": "tool", "tool_call_id": state.pending, "content": observation.strip()}
             )
-            for i, reply in zip(ask, replies, strict=True):
-                if not isinstance(reply, TextCompletion):
-                    actions[i] = failed_reply(reply)
-                    continue
-                actions[i] = self._take(states[i], reply)
-        return [a for a in actions if a is not None]
+            state.pending = None
+        if state.queue:  # a call of the last reply: no request needed
+            call = self._pop_call(state)
+            return AgentAction(text=_render(call), call=call, finish_reason="stop")
+        return self.client.submit_chat(
+            state.messages, self._sampling_for(state), tools=self.schemas
+        )
 
-    def _take(self, state: _ChatState, reply: TextCompletion) -> AgentAction:
+    def _reply_action(self, state: _ChatState, reply: TextCompletion) -> AgentAction:
         """Record the reply; its first call, or its text as the answer."""
         message: dict[str, Any] = {"role": "assistant", "content": reply.text or None}
         if reply.tool_calls:
@@ -208,25 +156,22 @@ class ToolCallAgent(_HTTPBase):
                 for call in reply.tool_calls
             ]
         state.messages.append(message)
-        n_tokens = reply_tokens(reply)
         if reply.tool_calls:
             state.queue = [
                 ToolCall(name=c.name, arguments=c.arguments, call_id=c.call_id)
                 for c in reply.tool_calls
             ]
-            return self._next_call(state, n_tokens=n_tokens, finish_reason=reply.finish_reason)
+            call = self._pop_call(state)
+            return reply_action(reply, _render(call), call)
         answer = _THINK.sub("", reply.text).strip()
-        call = ToolCall(name=ANSWER, arguments={ANSWER: answer})
-        return AgentAction(
-            text=reply.text, call=call, n_tokens=n_tokens, finish_reason=reply.finish_reason
-        )
+        return reply_action(reply, reply.text, ToolCall(name=ANSWER, arguments={ANSWER: answer}))
 
-    def _next_call(self, state: _ChatState, *, n_tokens: int, finish_reason: Any) -> AgentAction:
+    @staticmethod
+    def _pop_call(state: _ChatState) -> ToolCall:
+        """The next queued call; its observation answers it by id."""
         call = state.queue.pop(0)
         state.pending = call.call_id
-        return AgentAction(
-            text=_render(call), call=call, n_tokens=n_tokens, finish_reason=finish_reason
-        )
+        return call
 
 
 # --- ReAct -------------------------------------------------------------------------------------
@@ -323,14 +268,13 @@ def _react_observation(observation: str, info: Mapping[str, Any]) -> str:
     return " ".join((tagged.group(2) if tagged else text).split())
 
 
-@dataclass
-class _ReActState:
+@dataclass(kw_only=True)
+class _ReActState(EndpointState):
     transcript: str
     messages: list[dict[str, str]]
-    n: int = 0
 
 
-class ReActAgent(_HTTPBase):
+class ReActAgent(_ToolAgent):
     """A model playing ReAct's text format over an OpenAI-compatible endpoint (module doc).
 
     Args:
@@ -363,47 +307,30 @@ class ReActAgent(_HTTPBase):
     def start(self, prompt: str, info: Mapping[str, Any]) -> _ReActState:
         """ReAct's few-shot prompt for the question (the env's own prompt is not used)."""
         text = react_prompt(str(info["question"]), self.tools)
-        return _ReActState(transcript=text, messages=[{"role": "user", "content": text}])
+        return _ReActState(
+            transcript=text,
+            messages=[{"role": "user", "content": text}],
+            task_id=str(info.get("task_id", "")),
+        )
 
-    def act(
-        self,
-        states: Sequence[_ReActState],
-        observations: Sequence[str],
-        infos: Sequence[Mapping[str, Any]],
-    ) -> list[AgentAction]:
-        """Append each observation as `Observation n:`; continue every transcript at once.
-
-        Raises:
-            EndpointError: the endpoint did not answer within its retries.
-            EndpointRejected: the endpoint refused a request (other than for its context).
-        """
-        for state, obs, info in zip(states, observations, infos, strict=True):
-            if state.n:
-                text = f"\nObservation {state.n}: {_react_observation(obs, info)}\n"
-                step = f"Thought {state.n + 1}:"
-                state.transcript += text + step
-                state.messages.append({"role": "user", "content": text.strip() + "\n" + step})
-        sampling = self._next_sampling()
+    def _send(
+        self, state: _ReActState, observation: str, info: Mapping[str, Any]
+    ) -> ReplyFuture[TextCompletion | EndpointRejected]:
+        """Append the observation as `Observation n:`; continue the transcript."""
+        n = state.n_calls  # replies so far: a failed one ended the episode
+        if n:
+            text = f"\nObservation {n}: {_react_observation(observation, info)}\n"
+            step = f"Thought {n + 1}:"
+            state.transcript += text + step
+            state.messages.append({"role": "user", "content": text.strip() + "\n" + step})
+        sampling = self._sampling_for(state)
         if self.api == "chat":
-            replies = self.client.chat_each([s.messages for s in states], sampling)
-        else:
-            replies = self.client.complete_each([s.transcript for s in states], sampling)
-        actions = []
-        for state, reply in zip(states, replies, strict=True):
-            if not isinstance(reply, TextCompletion):
-                actions.append(failed_reply(reply))
-                continue
-            state.n += 1
-            text = reply.text.removesuffix("\nObservation")  # vLLM keeps the stop string
-            state.transcript += text
-            state.messages.append({"role": "assistant", "content": text})
-            call = parse_react(text, self.tools)
-            actions.append(
-                AgentAction(
-                    text=text,
-                    call=call,
-                    n_tokens=reply_tokens(reply),
-                    finish_reason=reply.finish_reason,
-                )
-            )
-        return actions
+            return self.client.submit_chat(state.messages, sampling)
+        return self.client.submit_complete(state.transcript, sampling)
+
+    def _reply_action(self, state: _ReActState, reply: TextCompletion) -> AgentAction:
+        """The reply's text, appended; its first action as a tool call."""
+        text = reply.text.removesuffix("\nObservation")  # vLLM keeps the stop string
+        state.transcript += text
+        state.messages.append({"role": "assistant", "content": text})
+        return reply_action(reply, text, parse_react(text, self.tools))

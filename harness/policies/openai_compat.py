@@ -5,7 +5,14 @@ It speaks `/v1/completions` (a text prompt, or a token-id prompt, which vLLM acc
 `python -m vllm.entrypoints.openai.api_server`) as well as hosted APIs.
 
 - **Concurrency:** a batch of prompts is sent as concurrent requests, at most
-  `max_concurrency` in flight per call.
+  `max_concurrency` in flight. The synchronous API keeps one `httpx.AsyncClient` (keep-alive
+  connections) on an event loop in a thread of its own for the client's whole life, and
+  `submit_complete` / `submit_chat` hand back a future per request, so a caller can send a
+  request the moment it has one and collect replies as each arrives (continuous scheduling);
+  `close()` ends it.
+- **Bounds:** `timeout_s` is the wall-clock limit of one attempt, whatever the server does
+  (a server that trickles its reply a byte at a time is cut there: `retrieval.wall_clock`), and
+  a reply over `max_reply_bytes` is refused (`ReplyTooLarge`, not asked again).
 - **Failures:** connection errors, timeouts, 408, 429 and 5xx are retried `max_retries` times
   with exponential backoff (honouring `Retry-After`), then raise `EndpointError` naming the URL
   and the last cause; any other 4xx, or a reply that is not the API's, raises
@@ -27,11 +34,17 @@ running loop (a notebook, an async server).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import dataclasses
+import functools
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+import ssl
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -41,14 +54,17 @@ from harness.errors import (
     EndpointError,
     EndpointRejected,
     MalformedReply,
+    ReplyTooLarge,
 )
 from harness.policies.base import Completion, SamplingParams
+from retrieval.wall_clock import aread_capped, attempt_ends_at, install_transport
 
 __all__ = [
     "EndpointConfig",
     "Message",
     "OpenAICompatBackend",
     "OpenAICompatClient",
+    "ReplyFuture",
     "TextCompletion",
     "ToolCallReply",
 ]
@@ -78,7 +94,8 @@ class EndpointConfig:
     api_key: str | None = None
     """Sent as `Authorization: Bearer ...` when set."""
     timeout_s: float = 120.0
-    """Per request; a turn of a long reasoning model can take a while."""
+    """Wall-clock limit of one attempt (connect, send, wait, read), however slowly the server
+    sends; a turn of a long reasoning model can take a while."""
     max_retries: int = 3
     """Retries after the first attempt, for connection errors, timeouts, 408, 429 and 5xx."""
     backoff_s: float = 0.5
@@ -89,14 +106,23 @@ class EndpointConfig:
     extensions: Literal["vllm", "none"] = "vllm"
     """`vllm`: also send vLLM's fields (keep stop strings, return token ids, top_k, keep
     special tokens); `none`: the standard OpenAI fields only."""
+    max_reply_bytes: int = 4_000_000
+    """The largest reply body read; a larger one is refused (`ReplyTooLarge`). One turn of
+    512 tokens with its token ids and log-probs is about 30 kB."""
 
     def __post_init__(self) -> None:
         if not self.base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url={self.base_url!r}: must start with http:// or https://")
-        if self.max_retries < 0 or self.max_concurrency < 1 or self.timeout_s <= 0:
+        if (
+            self.max_retries < 0
+            or self.max_concurrency < 1
+            or self.timeout_s <= 0
+            or self.max_reply_bytes < 1
+        ):
             raise ValueError(
                 f"max_retries={self.max_retries} (>= 0), max_concurrency={self.max_concurrency} "
-                f"(>= 1), timeout_s={self.timeout_s} (> 0): out of range"
+                f"(>= 1), timeout_s={self.timeout_s} (> 0), max_reply_bytes="
+                f"{self.max_reply_bytes} (>= 1): out of range"
             )
 
     @property
@@ -134,8 +160,136 @@ class TextCompletion:
     n_prompt_tokens: int | None = None
     """From the reply's `usage`."""
     n_completion_tokens: int | None = None
+    latency_s: float | None = None
+    """Seconds from sending the request to its whole reply, retries included (not the wait
+    for a free slot)."""
     tool_calls: tuple[ToolCallReply, ...] = ()
     """A chat reply's native tool calls (when the request offered `tools`)."""
+
+
+_T = TypeVar("_T")
+
+ReplyFuture = concurrent.futures.Future
+"""What `submit_complete` / `submit_chat` return: resolves to a `TextCompletion`, or to the
+`EndpointRejected` the endpoint answered with; raises `EndpointError` after the retries."""
+
+_Parse = Callable[[dict[str, Any], SamplingParams], TextCompletion]
+
+
+_POOL_SIZE = 8
+"""Connections per pool of `_PooledTransport`: httpcore scans every connection of its pool
+(and counts them again for each idle one) on every request start and end, O(pool size^2),
+which at 64 connections in one pool capped a run at a seventh of the endpoint's limit."""
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    """One SSL context for every pool: building one loads the CA store (80 ms here)."""
+    return httpx.create_ssl_context()
+
+
+class _Released(httpx.AsyncByteStream):
+    """A response body that calls `release` once, when it is closed."""
+
+    def __init__(self, inner: httpx.AsyncByteStream, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._release: Callable[[], None] | None = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
+
+
+class _PooledTransport(httpx.AsyncBaseTransport):
+    """Keep-alive pools of `_POOL_SIZE` connections behind one httpx client.
+
+    Each request goes to the pool with the fewest requests in flight (counted until its body
+    is closed), so with `max_concurrency` requests in flight no pool waits while another has
+    room, and each request costs a scan of a small pool instead of all connections. Every
+    pool's sockets are bounded by the wall clock (`retrieval.wall_clock`).
+    """
+
+    def __init__(self, max_connections: int) -> None:
+        n_pools = -(-max_connections // _POOL_SIZE)
+        size = min(max_connections, _POOL_SIZE)
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        ssl = _ssl_context()
+        self._pools = [httpx.AsyncHTTPTransport(verify=ssl, limits=limits) for _ in range(n_pools)]
+        for pool in self._pools:
+            install_transport(pool)
+        self._in_flight = [0] * n_pools
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send `request` on the least busy pool."""
+        i = min(range(len(self._pools)), key=self._in_flight.__getitem__)
+        self._in_flight[i] += 1
+
+        def release() -> None:
+            self._in_flight[i] -= 1
+
+        try:
+            response = await self._pools[i].handle_async_request(request)
+        except BaseException:
+            release()
+            raise
+        assert isinstance(response.stream, httpx.AsyncByteStream)
+        response.stream = _Released(response.stream, release)
+        return response
+
+    async def aclose(self) -> None:
+        """Close every pool."""
+        for pool in self._pools:
+            await pool.aclose()
+
+
+class _Session:
+    """One `httpx.AsyncClient` on an event loop in a daemon thread, for a client's whole life.
+
+    Every synchronous request goes through it, so connections are kept alive across turns and
+    a request can be sent while others are in flight (one pool, one SSL context, one gate).
+    """
+
+    def __init__(self, make_http: Callable[[], httpx.AsyncClient], max_concurrency: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="openai-compat", daemon=True
+        )
+        self._thread.start()
+        self._max_concurrency = max_concurrency
+        self.http, self.gate = self.run(self._open(make_http)).result()
+
+    async def _open(
+        self, make_http: Callable[[], httpx.AsyncClient]
+    ) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        return make_http(), asyncio.Semaphore(self._max_concurrency)  # bound to this loop
+
+    def run(self, coro: Coroutine[Any, Any, _T]) -> concurrent.futures.Future[_T]:
+        """Schedule `coro` on the session's loop."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def close(self) -> None:
+        """Cancel what is in flight, close the connections, stop the thread."""
+
+        async def shut() -> None:
+            current = asyncio.current_task()
+            tasks = [t for t in asyncio.all_tasks() if t is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.http.aclose()
+
+        self.run(shut()).result()
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
 
 
 class OpenAICompatClient:
@@ -143,7 +297,8 @@ class OpenAICompatClient:
 
     Args:
         config: the endpoint.
-        transport: an httpx transport to use instead of the network (tests, proxies).
+        transport: an httpx transport to use instead of the network (tests, proxies); the
+            wall-clock bound then is the transport's business.
 
     Example:
         >>> client = OpenAICompatClient(EndpointConfig(base_url="http://127.0.0.1:8000/v1",
@@ -157,14 +312,17 @@ class OpenAICompatClient:
         self.config = config
         self._transport = transport
         self._warned_retry = False
+        self._session: _Session | None = None
+        self._session_lock = threading.Lock()
 
     # --- public API ------------------------------------------------------------------------
 
     def models(self) -> list[str] | None:
         """`GET /v1/models`: the served model ids, or None if the endpoint has no such route.
 
-        One attempt with a short timeout: it runs before a benchmark, to fail at once on a
-        dead endpoint or a wrong model name instead of after every request's retries.
+        One attempt, over within 10 s of wall-clock time (or `timeout_s` if shorter): it runs
+        before a benchmark, to fail at once on a dead endpoint or a wrong model name instead
+        of after every request's retries.
 
         Raises:
             EndpointError: the endpoint does not answer.
@@ -174,13 +332,16 @@ class OpenAICompatClient:
 
     async def _amodels(self) -> list[str] | None:
         url = self.config.api_root + "/models"
-        headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
         timeout = min(self.config.timeout_s, 10.0)
         try:
-            async with httpx.AsyncClient(
-                timeout=timeout, headers=headers, transport=self._transport
-            ) as http:
-                response = await http.get(url)
+            async with self._http(timeout) as http:
+                with attempt_ends_at(time.monotonic() + timeout):
+                    response = await http.get(url)
+        except httpx.TimeoutException as err:
+            raise EndpointError(
+                f"cannot reach {self.config.api_root} ({type(err).__name__}: no whole reply "
+                f"within {timeout:g} s); is the server up? Start one with `vllm serve MODEL`"
+            ) from err
         except httpx.TransportError as err:
             raise EndpointError(
                 f"cannot reach {self.config.api_root} ({type(err).__name__}: {err or 'no reply'}); "
@@ -212,7 +373,7 @@ class OpenAICompatClient:
             EndpointRejected: the endpoint refused a request or sent a malformed reply.
             RuntimeError: called from inside a running event loop (use `acomplete`).
         """
-        return _run_sync(self.acomplete(prompts, sampling))
+        return _all_completions(self.complete_each(prompts, sampling), capture=False)
 
     def chat(
         self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
@@ -224,7 +385,7 @@ class OpenAICompatClient:
             EndpointRejected: the endpoint refused a request or sent a malformed reply.
             RuntimeError: called from inside a running event loop (use `achat`).
         """
-        return _run_sync(self.achat(conversations, sampling))
+        return _all_completions(self.chat_each(conversations, sampling), capture=False)
 
     def complete_each(
         self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
@@ -237,7 +398,10 @@ class OpenAICompatClient:
         Raises:
             EndpointError: a request still failed after the retries.
         """
-        return _run_sync(self._completions(prompts, sampling, capture=True))
+        _no_running_loop()
+        bodies = [self._completion_body(p, sampling, i) for i, p in enumerate(prompts)]
+        return _gather([self._submit("/completions", b, sampling, _parse_completion_choice)
+                        for b in bodies])  # fmt: skip
 
     def chat_each(
         self,
@@ -254,49 +418,53 @@ class OpenAICompatClient:
         Raises:
             EndpointError: a request still failed after the retries.
         """
-        return _run_sync(self._chats(conversations, sampling, capture=True, tools=tools))
+        _no_running_loop()
+        bodies = [self._chat_body(m, sampling, i, tools=tools) for i, m in enumerate(conversations)]
+        return _gather([self._submit("/chat/completions", b, sampling, _parse_chat_choice)
+                        for b in bodies])  # fmt: skip
+
+    def submit_complete(
+        self, prompt: str | Sequence[int], sampling: SamplingParams
+    ) -> ReplyFuture[TextCompletion | EndpointRejected]:
+        """Send one `/v1/completions` request now; its reply arrives in the future returned.
+
+        The request waits for a free slot (`max_concurrency`) on the client's one connection
+        pool; a retried request holds only its own future.
+        """
+        body = self._completion_body(prompt, sampling, 0)
+        return self._submit("/completions", body, sampling, _parse_completion_choice)
+
+    def submit_chat(
+        self,
+        messages: Sequence[Message],
+        sampling: SamplingParams,
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+    ) -> ReplyFuture[TextCompletion | EndpointRejected]:
+        """`submit_complete` for one `/v1/chat/completions` conversation (offering `tools`)."""
+        body = self._chat_body(messages, sampling, 0, tools=tools)
+        return self._submit("/chat/completions", body, sampling, _parse_chat_choice)
+
+    def close(self) -> None:
+        """Cancel the requests in flight and close the connections (a later call reopens)."""
+        with self._session_lock:
+            session, self._session = self._session, None
+        if session is not None:
+            session.close()
 
     async def acomplete(
         self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams
     ) -> list[TextCompletion]:
-        """Async `complete`."""
-        return _all_completions(await self._completions(prompts, sampling, capture=False))
+        """Async `complete` (a client of its own per call, on the caller's loop)."""
+        bodies = [self._completion_body(p, sampling, i) for i, p in enumerate(prompts)]
+        return await self._post_all("/completions", bodies, sampling, _parse_completion_choice)
 
     async def achat(
         self, conversations: Sequence[Sequence[Message]], sampling: SamplingParams
     ) -> list[TextCompletion]:
         """Async `chat`."""
-        return _all_completions(await self._chats(conversations, sampling, capture=False))
-
-    async def _completions(
-        self, prompts: Sequence[str | Sequence[int]], sampling: SamplingParams, *, capture: bool
-    ) -> list[TextCompletion | EndpointRejected]:
-        bodies = [
-            self._completion_body(p if isinstance(p, str) else [int(t) for t in p], sampling, i)
-            for i, p in enumerate(prompts)
-        ]
-        return await self._post_all(
-            "/completions", bodies, sampling, _parse_completion_choice, capture=capture
-        )
-
-    async def _chats(
-        self,
-        conversations: Sequence[Sequence[Message]],
-        sampling: SamplingParams,
-        *,
-        capture: bool,
-        tools: Sequence[Mapping[str, Any]] = (),
-    ) -> list[TextCompletion | EndpointRejected]:
-        bodies = [
-            self._chat_body([dict(m) for m in messages], sampling, i)
-            for i, messages in enumerate(conversations)
-        ]
-        for body in bodies:
-            if tools:
-                body["tools"] = [dict(t) for t in tools]
-        return await self._post_all(
-            "/chat/completions", bodies, sampling, _parse_chat_choice, capture=capture
-        )
+        bodies = [self._chat_body(m, sampling, i) for i, m in enumerate(conversations)]
+        return await self._post_all("/chat/completions", bodies, sampling, _parse_chat_choice)
 
     # --- requests --------------------------------------------------------------------------
 
@@ -322,56 +490,78 @@ class OpenAICompatClient:
         return body
 
     def _completion_body(
-        self, prompt: str | list[int], sampling: SamplingParams, index: int
+        self, prompt: str | Sequence[int], sampling: SamplingParams, index: int
     ) -> dict[str, Any]:
         body = self._common_body(sampling, index)
-        body["prompt"] = prompt
+        body["prompt"] = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
         if sampling.logprobs:
             body["logprobs"] = 0 if self.config.extensions == "vllm" else 1  # sampled token only
         return body
 
     def _chat_body(
-        self, messages: list[dict[str, Any]], sampling: SamplingParams, index: int
+        self,
+        messages: Sequence[Message],
+        sampling: SamplingParams,
+        index: int,
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
     ) -> dict[str, Any]:
         body = self._common_body(sampling, index)
-        body["messages"] = messages
+        body["messages"] = [dict(m) for m in messages]
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
         if sampling.logprobs:
             body["logprobs"] = True
         return body
 
-    async def _post_all(
-        self,
-        path: str,
-        bodies: list[dict[str, Any]],
-        sampling: SamplingParams,
-        parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
-        *,
-        capture: bool,
-    ) -> list[TextCompletion | EndpointRejected]:
-        if not bodies:
-            return []
-        url = self.config.api_root + path
+    def _http(self, timeout: float) -> httpx.AsyncClient:
+        """An httpx client whose every attempt `attempt_ends_at` can cut by the wall clock."""
         headers = {"Content-Type": "application/json"}
         if self.config.api_key:
             headers["Authorization"] = f"Bearer {self.config.api_key}"
-        limits = httpx.Limits(max_connections=self.config.max_concurrency)
+        # every slot keeps its connection between turns (httpx keeps only 20 by default)
+        transport = self._transport or _PooledTransport(self.config.max_concurrency)
+        return httpx.AsyncClient(timeout=timeout, headers=headers, transport=transport)
+
+    def _submit(
+        self, path: str, body: dict[str, Any], sampling: SamplingParams, parse: _Parse
+    ) -> ReplyFuture[TextCompletion | EndpointRejected]:
+        with self._session_lock:
+            if self._session is None:
+                self._session = _Session(
+                    lambda: self._http(self.config.timeout_s), self.config.max_concurrency
+                )
+            session = self._session
+        url = self.config.api_root + path
+        return session.run(self._one(session.http, session.gate, url, body, sampling, parse))
+
+    async def _one(
+        self,
+        http: httpx.AsyncClient,
+        gate: asyncio.Semaphore,
+        url: str,
+        body: dict[str, Any],
+        sampling: SamplingParams,
+        parse: _Parse,
+    ) -> TextCompletion | EndpointRejected:
+        try:
+            return await self._post_and_parse(http, gate, url, body, sampling, parse)
+        except EndpointRejected as err:
+            return err
+
+    async def _post_all(
+        self, path: str, bodies: list[dict[str, Any]], sampling: SamplingParams, parse: _Parse
+    ) -> list[TextCompletion]:
+        if not bodies:
+            return []
+        url = self.config.api_root + path
         gate = asyncio.Semaphore(self.config.max_concurrency)
-        async with httpx.AsyncClient(
-            timeout=self.config.timeout_s,
-            headers=headers,
-            limits=limits,
-            transport=self._transport,
-        ) as http:
-
-            async def one(body: dict[str, Any]) -> TextCompletion | EndpointRejected:
-                try:
-                    return await self._post_and_parse(http, gate, url, body, sampling, parse)
-                except EndpointRejected as err:
-                    if capture:
-                        return err
-                    raise
-
-            return list(await asyncio.gather(*(one(body) for body in bodies)))
+        async with self._http(self.config.timeout_s) as http:
+            return list(
+                await asyncio.gather(
+                    *(self._post_and_parse(http, gate, url, b, sampling, parse) for b in bodies)
+                )
+            )
 
     async def _post_and_parse(
         self,
@@ -380,19 +570,23 @@ class OpenAICompatClient:
         url: str,
         body: dict[str, Any],
         sampling: SamplingParams,
-        parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
+        parse: _Parse,
     ) -> TextCompletion:
         """One request's completion; a malformed 200 reply is asked again, `max_retries` times.
 
         Raises:
             MalformedReply: every reply was malformed (the caller fails that episode only).
+            ReplyTooLarge: the reply passed `max_reply_bytes` (not asked again).
         """
         for attempt in range(self.config.max_retries + 1):
             try:
                 async with gate:
-                    return _parse_reply(
-                        await self._post_with_retries(http, url, body), url, sampling, parse
-                    )
+                    start = time.monotonic()
+                    reply = await self._post_with_retries(http, url, body)
+                    completion = _parse_reply(reply, url, sampling, parse)
+                    return dataclasses.replace(completion, latency_s=time.monotonic() - start)
+            except ReplyTooLarge:
+                raise
             except MalformedReply as err:
                 if attempt == self.config.max_retries:
                     raise
@@ -402,30 +596,56 @@ class OpenAICompatClient:
     async def _post_with_retries(
         self, http: httpx.AsyncClient, url: str, body: dict[str, Any]
     ) -> dict[str, Any]:
-        """POST with bounded retries; the only place in the harness that retries HTTP."""
+        """POST with bounded retries; the only place in the harness that retries HTTP.
+
+        Each attempt ends within `timeout_s` of wall-clock time (`retrieval.wall_clock`), and
+        reads at most `max_reply_bytes` of the reply.
+        """
         attempts = self.config.max_retries + 1
         last: str = ""
+        cap = self.config.max_reply_bytes
+        too_large = ReplyTooLarge(
+            f"POST {url} sent a reply of over {cap:,} bytes, the client's cap "
+            "(max_reply_bytes); the server is broken, or raise the cap"
+        )
         for attempt in range(attempts):
             delay = min(self.config.backoff_s * 2**attempt, self.config.max_backoff_s)
+            end = time.monotonic() + self.config.timeout_s
             try:
-                response = await http.post(url, json=body)
-            except httpx.TransportError as err:  # connect, read timeout, protocol errors
+                with attempt_ends_at(end):
+                    async with http.stream(
+                        "POST",
+                        url,
+                        json=body,
+                        timeout=httpx.Timeout(self.config.timeout_s, pool=self.config.timeout_s),
+                    ) as response:
+                        declared = response.headers.get("content-length", "")
+                        if declared.isdigit() and int(declared) > cap:
+                            raise too_large
+                        content = await aread_capped(response.aiter_bytes(), cap, too_large)
+            except httpx.TimeoutException as err:  # a slow server, or the wall clock ran out
+                last = (
+                    f"{type(err).__name__}: no whole reply within timeout_s="
+                    f"{self.config.timeout_s:g} s of wall-clock time"
+                )
+            except httpx.TransportError as err:  # connect, protocol
                 last = f"{type(err).__name__}: {err}"
             else:
                 if response.status_code == 200:
                     try:
-                        reply = response.json()
+                        reply = json.loads(content)
                     except ValueError as err:
                         raise MalformedReply(
-                            f"POST {url}: the reply is not JSON ({response.text[:200]!r})"
+                            f"POST {url}: the reply is not JSON ({content[:200]!r})"
                         ) from err
                     if not isinstance(reply, dict):
                         raise MalformedReply(f"POST {url}: the reply is not a JSON object")
                     return reply
-                detail = response.text[:300]
+                text = content.decode("utf-8", "replace")
+                detail = text[:300]
                 if response.status_code not in _RETRY_STATUSES:
                     refused = f"POST {url} was refused with HTTP {response.status_code}: {detail}"
-                    if _CONTEXT_ERROR.search(response.text):
+                    if _CONTEXT_ERROR.search(text):
                         raise ContextLengthExceeded(refused)
                     raise EndpointRejected(refused)
                 last = f"HTTP {response.status_code}: {detail}"
@@ -452,9 +672,30 @@ class OpenAICompatClient:
         )
 
 
-def _all_completions(results: list[TextCompletion | EndpointRejected]) -> list[TextCompletion]:
-    """Narrow a `capture=False` result (which never holds an error) to completions."""
-    return [r for r in results if isinstance(r, TextCompletion)]
+def _gather(
+    futures: list[ReplyFuture[TextCompletion | EndpointRejected]],
+) -> list[TextCompletion | EndpointRejected]:
+    """Every future's result, in order; on the first error the rest are cancelled."""
+    try:
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        raise
+
+
+def _all_completions(
+    results: list[TextCompletion | EndpointRejected], *, capture: bool
+) -> list[TextCompletion]:
+    """`results` as completions; the first refusal is raised unless `capture`."""
+    out = []
+    for result in results:
+        if isinstance(result, EndpointRejected):
+            if not capture:
+                raise result
+            continue
+        out.append(result)
+    return out
 
 
 def _retry_after(response: httpx.Response, *, default: float, cap: float) -> float:
@@ -466,7 +707,16 @@ def _retry_after(response: httpx.Response, *, default: float, cap: float) -> flo
         return default
 
 
-_T = TypeVar("_T")
+def _no_running_loop() -> None:
+    """Refuse a synchronous call from inside a running loop: it would block that loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        "OpenAICompatClient.complete/chat was called inside a running event loop; "
+        "await acomplete/achat instead"
+    )
 
 
 def _run_sync(coro: Awaitable[_T]) -> _T:
@@ -488,22 +738,25 @@ def _parse_reply(
     reply: dict[str, Any],
     url: str,
     sampling: SamplingParams,
-    parse: Callable[[dict[str, Any], SamplingParams], TextCompletion],
+    parse: _Parse,
 ) -> TextCompletion:
+    """The reply's first choice with its usage; anything off-schema is a `MalformedReply`.
+
+    Wrong-typed fields (a `message` that is a string, a `usage` that is a list) count as
+    malformed too: they end their episode, not the run.
+    """
     try:
         choice = reply["choices"][0]
-        completion = parse(choice, sampling)
-    except (KeyError, IndexError, TypeError, ValueError) as err:
+        return _with_usage(parse(choice, sampling), reply.get("usage") or {})
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as err:
         raise MalformedReply(
             f"POST {url}: the reply is not an OpenAI completion ({err!r}): {str(reply)[:300]}"
         ) from err
-    usage = reply.get("usage") or {}
-    return _with_usage(completion, usage)
 
 
 def _with_usage(completion: TextCompletion, usage: Mapping[str, Any]) -> TextCompletion:
     prompt, generated = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    return replace(
+    return dataclasses.replace(
         completion,
         n_prompt_tokens=int(prompt) if prompt is not None else None,
         n_completion_tokens=int(generated) if generated is not None else None,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,3 +311,59 @@ def test_config_validation() -> None:
         EndpointConfig(base_url="http://h", model="m", max_concurrency=0)
     assert EndpointConfig(base_url="http://h:1/", model="m").api_root == "http://h:1/v1"
     assert EndpointConfig(base_url="http://h:1/v1/", model="m").api_root == "http://h:1/v1"
+
+
+@contextlib.contextmanager
+def _trickler() -> Iterator[str]:
+    """A server on 127.0.0.1 (port 0) that sends every reply one byte per 0.1 s, forever."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    stop = threading.Event()
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 1000000\r\n\r\n")
+            while not stop.is_set():
+                try:
+                    conn.sendall(b"{")
+                except OSError:
+                    return
+                time.sleep(0.1)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        stop.set()
+        sock.close()
+
+
+def test_a_trickling_endpoint_is_cut_at_timeout_s_of_wall_clock() -> None:
+    """httpx's read timeout never fires on a byte every 0.1 s; the wall clock does."""
+    with _trickler() as url:
+        client = _client(url, timeout_s=1.0, max_retries=0)
+        start = time.monotonic()
+        with pytest.raises(
+            EndpointError, match=r"ReadTimeout: no whole reply within timeout_s=1 s"
+        ):
+            client.complete(["q"], GREEDY)
+        assert time.monotonic() - start < 1.0 + 2.0
+        start = time.monotonic()
+        with pytest.raises(EndpointError, match=r"cannot reach .*within 1 s"):
+            client.models()  # the one-attempt check before a run
+        assert time.monotonic() - start < 1.0 + 2.0
+        client = _client(url, timeout_s=1.0, max_retries=1)  # each attempt is cut the same way
+        start = time.monotonic()
+        with pytest.raises(EndpointError, match="failed 2 times"):
+            client.complete(["q"], GREEDY)
+        assert time.monotonic() - start < 2 * 1.0 + 2.0

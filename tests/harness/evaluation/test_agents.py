@@ -35,6 +35,7 @@ from harness.evaluation.agents import (
 )
 from harness.evaluation.bench import bench
 from harness.evaluation.evaluation import evaluate
+from harness.evaluation.runs import EpisodeStream
 from harness.policies.base import Completion, SamplingParams
 from harness.policies.openai_compat import EndpointConfig, OpenAICompatClient
 from retrieval import BM25Retriever, Document, write_corpus
@@ -362,6 +363,7 @@ class SearchR1Stub:
         self.requests: list[dict] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.ports: set[int] = set()  # the client's connections (its source ports)
 
     def completion(self, transcript: str) -> tuple[str, str | None]:
         if "long story" in transcript and "<information>" in transcript:
@@ -378,6 +380,8 @@ class SearchR1Stub:
         async def handle(request: Request, chat: bool) -> JSONResponse:
             body = await request.json()
             self.requests.append(body)
+            assert request.client is not None
+            self.ports.add(request.client.port)
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
@@ -386,8 +390,19 @@ class SearchR1Stub:
                     transcript = "".join(m["content"] for m in body["messages"])
                 else:
                     transcript = body["prompt"]
+                if "slowly" in transcript:  # a slow model turn: 1 s
+                    await asyncio.sleep(1.0)
                 if "broken reply" in transcript:  # a 200 without choices, every time
                     return JSONResponse({"choices": []})
+                if "huge reply" in transcript:  # 20 MB of text
+                    huge = {"index": 0, "finish_reason": "length", "text": "x" * 20_000_000}
+                    return JSONResponse({"choices": [huge]})
+                if "odd usage" in transcript:  # a usage that is not an object
+                    answer = {"index": 0, "finish_reason": "stop", "text": "<answer> a </answer>"}
+                    return JSONResponse({"choices": [answer], "usage": "lots"})
+                if "odd message" in transcript:  # a chat message that is not an object
+                    bare = {"index": 0, "finish_reason": "stop", "message": "Ann Vole"}
+                    return JSONResponse({"choices": [bare]})
                 text, stop = self.completion(transcript)
                 if stop is None:
                     error = {"message": "This model's maximum context length is 64 tokens."}
@@ -495,6 +510,73 @@ def test_http_agent_sends_each_turn_a_seed_of_its_own(stub_server) -> None:
              TASKS[:1])  # fmt: skip
     seeds = [r["seed"] for r in stub.requests]
     assert len(seeds) == 2 and seeds[0] != seeds[1]  # search turn, answer turn
+
+
+def test_http_agent_keeps_every_slot_busy_on_one_set_of_connections(stub_server) -> None:
+    """A slow episode holds up only itself; the run reuses its connections across turns."""
+    url, stub = stub_server
+    slow = QATask(
+        task_id="slow", question="Who founded Acme, slowly?", golden_answers=("Ann Vole",)
+    )
+    tasks = TaskSet([slow, *_many_tasks(10)])
+    retriever = BM25Retriever.build(DOCS)
+    finished: list[str] = []
+    report = evaluate(
+        _http_agent(url, max_concurrency=2),
+        lambda: SearchQAEnv(tasks, retriever, top_k=1, prompt_template=TEMPLATE),
+        tasks,
+        batch_size=2,
+        on_episode=lambda record: finished.append(record.task_id),
+    )
+    assert report.overall.em == 1.0 and report.overall.n == 11
+    # in lockstep the other slot would wait for each of the slow turns: one episode, not ten
+    assert finished[-1] == "slow" and len(finished) == 11
+    assert len(stub.requests) == 22
+    assert len(stub.ports) <= 2  # two slots, two kept-alive connections for the whole run
+
+
+def test_an_oversized_reply_ends_only_its_episode_with_the_cap_named(stub_server, tmp_path) -> None:
+    url, _ = stub_server
+    huge = QATask(task_id="huge", question="Who founded Acme, huge reply?", golden_answers=("x",))
+    tasks = TaskSet([TASKS[0], huge])
+    retriever = BM25Retriever.build(DOCS)
+    stream = EpisodeStream(tmp_path / "trajectories.jsonl", append=False)
+    report = evaluate(
+        _http_agent(url),  # the default cap, 4 MB
+        lambda: SearchQAEnv(tasks, retriever, top_k=1, prompt_template=TEMPLATE),
+        tasks,
+        on_episode=lambda record: stream.write("stub", record),
+    )
+    stream.close()
+    acme, big = report.episodes
+    assert acme.end == "answer" and acme.em == 1.0
+    assert big.end == "error" and big.cause is not None
+    assert "max_reply_bytes" in big.cause and "4,000,000" in big.cause
+    lines = (tmp_path / "trajectories.jsonl").read_text("utf-8").splitlines()
+    stored = {json.loads(line)["task_id"]: json.loads(line) for line in lines}
+    assert "max_reply_bytes" in stored["huge"]["cause"]  # the trajectory keeps the cause
+    assert max(len(line) for line in lines) < 10_000
+
+
+@pytest.mark.parametrize(
+    ("question", "api"), [("odd usage", "completions"), ("odd message", "chat")]
+)
+def test_a_wrong_typed_reply_field_ends_only_its_episode(stub_server, question, api) -> None:
+    url, _ = stub_server
+    odd = QATask(task_id="odd", question=f"Who founded Acme, {question}?", golden_answers=("a",))
+    tasks = TaskSet([TASKS[0], odd])
+    retriever = BM25Retriever.build(DOCS)
+    report = evaluate(
+        _http_agent(url, max_retries=1, api=api),
+        lambda: SearchQAEnv(tasks, retriever, top_k=1, prompt_template=TEMPLATE),
+        tasks,
+    )
+    acme, bad = report.episodes
+    assert acme.end == "answer" and acme.em == 1.0  # the run went on
+    assert bad.end == "error" and bad.answer is None
+    assert bad.cause is not None and "not an OpenAI completion" in bad.cause
+    field = "usage" if question == "odd usage" else "message"
+    assert field in bad.cause or "'str' object" in bad.cause
 
 
 def test_http_agent_runs_episodes_concurrently(stub_server) -> None:

@@ -120,3 +120,29 @@ def test_sample_refuses_more_than_there_are_and_a_limit_beside_it():
         load_data(DataArgs(sample=100_000))
     with pytest.raises(ValueError, match="not with --limit"):
         DataArgs(sample=5, limit=5)
+
+
+def test_a_trajectory_line_stores_each_text_up_to_its_cap_and_names_it(tmp_path: Path) -> None:
+    """A runaway reply cannot make a line huge; the line still reads back, scores intact."""
+    from harness.evaluation.evaluation import EpisodeRecord, TurnLog
+    from harness.evaluation.runs import EpisodeStream, read_finished
+
+    turn = TurnLog(action="a" * 300_000, observation="o" * 50, kind="invalid", valid=False,
+                   n_tokens=9, finish_reason="length")  # fmt: skip
+    record = EpisodeRecord(
+        task_id="q", dataset="d", question="?", golden_answers=("x",), question_type="t",
+        n_hops=1, answer=None, em=0.0, sub_em=0.0, f1=0.0, end="max_turns", n_tool_calls=0,
+        n_tokens=9, retrieved_doc_ids=(), supporting_doc_ids=(), turns=(turn, turn),
+    )  # fmt: skip
+    path = tmp_path / "trajectories.jsonl"
+    stream = EpisodeStream(path, append=False, max_text_chars=1_000)
+    stream.write("agent", record)
+    stream.close()
+    line = path.read_text("utf-8")
+    assert len(line) < 3_000  # two turns of 1,000 characters and their notes
+    back = read_finished(path)["agent"]["q"]
+    assert back.turns[0].action.startswith("a" * 1_000)
+    assert "299,000 more characters not stored" in back.turns[0].action
+    assert "max_text_chars=1,000" in back.turns[0].action
+    assert back.turns[0].observation == "o" * 50  # under the cap: as it was
+    assert back.n_tokens == 9 and back.end == "max_turns"

@@ -7,11 +7,12 @@ so the runs' EM must agree, and what went over the wire shows each protocol's sh
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from envs import QATask, SearchQAEnv, TaskSet
+from harness.evaluation.agents import ConcurrentAgent
 from harness.evaluation.bench import bench
 from harness.evaluation.evaluation import evaluate
 from harness.evaluation.tool_agents import ReActAgent, ToolCallAgent, parse_react, react_prompt
@@ -272,3 +274,85 @@ def test_tool_calls_are_parsed_and_a_malformed_list_ends_only_its_episode() -> N
     assert acme.em == 1.0 and acme.answer == "Ann Vole"  # the <think> block is dropped
     assert acme.turns[0].action == 'search({"query": "Acme"})'
     assert bolt.end == "error" and bolt.turns == ()
+
+
+def _scripted_transport(stub: ScriptedServer, slow: str = "") -> httpx.MockTransport:
+    """The scripted server in process; requests naming `slow` take 0.3 s."""
+
+    async def reply(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        stub.requests.append(body)
+        if slow and slow in json.dumps(body):
+            await asyncio.sleep(0.3)
+        if request.url.path.endswith("/chat/completions"):
+            choice = {"index": 0, "finish_reason": "stop", "message": stub.chat(body)}
+        else:
+            choice = {"index": 0, "finish_reason": "stop", "text": stub.complete(body)}
+        usage = {"prompt_tokens": 11, "completion_tokens": 7}
+        return httpx.Response(200, json={"choices": [choice], "usage": usage})
+
+    return httpx.MockTransport(reply)
+
+
+_AGENTS: dict[str, Callable[[OpenAICompatClient], ToolCallAgent | ReActAgent]] = {
+    "tools": lambda client: ToolCallAgent("tools", client, SamplingParams(seed=3)),
+    "react": lambda client: ReActAgent("react", client, SamplingParams(seed=3)),
+}
+
+
+def _tasks(n: int) -> list[QATask]:
+    return [
+        QATask(task_id=f"{name}-{i}", question=f"Who founded {name}?", golden_answers=(answer,))
+        for i in range(n)
+        for name, answer in (("Acme", "Ann Vole"), ("Bolt", "Bo Li"))
+    ]
+
+
+@pytest.mark.parametrize("protocol", sorted(_AGENTS))
+def test_tool_agents_are_scheduled_continuously(protocol: str) -> None:
+    """A slow episode holds up only itself; each reply's cost reaches its turn."""
+    stub = ScriptedServer()
+    config = EndpointConfig(base_url="http://stub/v1", model="m", max_concurrency=2)
+    agent = _AGENTS[protocol](
+        OpenAICompatClient(config, transport=_scripted_transport(stub, "slowly"))
+    )
+    assert isinstance(agent, ConcurrentAgent)
+    slow = QATask(task_id="slow", question="Who founded Acme slowly?", golden_answers=("Ann Vole",))
+    tasks = TaskSet([slow, *_tasks(3)])
+    retriever = BM25Retriever.build(DOCS)
+    finished: list[str] = []
+    report = evaluate(
+        agent,
+        lambda: SearchQAEnv(tasks, retriever, top_k=1),
+        tasks,
+        batch_size=2,
+        on_episode=lambda record: finished.append(record.task_id),
+    )
+    assert report.overall.em == 1.0 and report.overall.n == 7
+    # in lockstep the other slot would wait for each slow turn: the slow one would end second
+    assert finished[-1] == "slow"
+    first = report.episodes[0].turns[0]
+    assert first.n_prompt_tokens == 11 and first.latency_s is not None and first.latency_s > 0
+
+
+@pytest.mark.parametrize("protocol", sorted(_AGENTS))
+def test_tool_agents_seed_each_request_by_question_and_turn(protocol: str) -> None:
+    """Every request has a seed of its own, and the same ones whatever the batch size."""
+    retriever = BM25Retriever.build(DOCS)
+    tasks = TaskSet(_tasks(2))
+    seeds = []
+    for batch_size in (1, 4):
+        stub = ScriptedServer()
+        client = OpenAICompatClient(
+            EndpointConfig(base_url="http://stub/v1", model="m"),
+            transport=_scripted_transport(stub),
+        )
+        evaluate(
+            _AGENTS[protocol](client),
+            lambda: SearchQAEnv(tasks, retriever, top_k=1),
+            tasks,
+            batch_size=batch_size,
+        )
+        seeds.append(sorted(body["seed"] for body in stub.requests))
+    assert len(seeds[0]) == 8 and len(set(seeds[0])) == 8  # 4 questions, 2 requests each
+    assert seeds[0] == seeds[1]
