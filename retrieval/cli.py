@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -158,7 +159,9 @@ class VerifyCommand:
     """Hash every file of an index directory against its manifest (reads the whole index).
 
     Opening an index already checks each file's presence and size; this also finds a file
-    changed in place (a bit flip, another build's file of the same size).
+    changed in place (a bit flip, another build's file of the same size), and refuses a
+    manifest it cannot check against (no file table) or that contradicts itself. Exit code 0:
+    every file matches; 1: the index fails, and one line on stderr says why.
     """
 
     index: tyro.conf.Positional[Path]
@@ -263,7 +266,7 @@ def index(argv: list[str]) -> int:
         elif isinstance(config, ExportEncoderCommand):
             _export_encoder(config)
         elif isinstance(config, VerifyCommand):
-            _verify(config)
+            return _verify(config)
         else:
             _search(config)
     except (RetrievalError, ValueError) as err:
@@ -271,22 +274,39 @@ def index(argv: list[str]) -> int:
     return 0
 
 
-def _verify(config: VerifyCommand) -> None:
+def _verify(config: VerifyCommand) -> int:
+    """0 when every file matches; 1, with the reason in one line, when the index fails."""
     from retrieval.indexes import verify_index
 
     start = time.perf_counter()
-    verify_index(config.index)
+    try:
+        verify_index(config.index)
+    except (RetrievalError, ValueError, OSError) as err:
+        # a finding, not a usage error (2): `tracerl index verify DIR && deploy` stops here
+        reason = " ".join(str(err).split())
+        print(f"tracerl index verify: {reason}", file=sys.stderr)
+        return 1
     print(f"{config.index}: every file matches its manifest ({time.perf_counter() - start:.1f} s)")
+    return 0
 
 
 def _build(config: BuildConfig) -> None:
+    from retrieval.index_files import build_lock, check_out
+
+    # refused before the corpus is read, and held for the whole build: a second build into
+    # the same --out (another rank of a launcher, a second shell) is refused at once, naming
+    # this one's PID
+    check_out(config.out, marker=MANIFEST_NAME, overwrite=config.overwrite)
+    with build_lock(config.out):
+        _build_locked(config)
+
+
+def _build_locked(config: BuildConfig) -> None:
     from retrieval.bm25 import BM25Retriever
     from retrieval.corpus import read_corpus
     from retrieval.dense import DenseRetriever
     from retrieval.encoder import SentenceEncoder
 
-    if (config.out / MANIFEST_NAME).exists() and not config.overwrite:
-        raise ValueError(f"{config.out} already holds an index; pass --overwrite to replace it")
     start = time.perf_counter()
     documents = read_corpus(config.corpus)
     log.info("read %d documents from %s", len(documents), config.corpus)
