@@ -897,8 +897,8 @@ def _check_usable(name: str, state: dict[str, Any]) -> None:
         inc = state["state"]["inc"]
         if inc % 2 == 0:
             raise ValueError(
-                f"{name}.state.inc is even ({str(inc)[:40]}): a PCG increment is odd (numpy's seeding "
-                "makes it 2 * stream + 1), and an even one can repeat one value forever"
+                f"{name}.state.inc is even ({str(inc)[:40]}): a PCG increment is odd (numpy's "
+                "seeding makes it 2 * stream + 1), and an even one can repeat one value forever"
             )
 
 

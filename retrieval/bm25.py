@@ -308,7 +308,7 @@ def _check_arrays(where: Path, scores: dict[str, Any], n_docs: int, *, indices: 
         IndexFileError: naming the array file and what is wrong.
     """
     data, ids, indptr = scores["data"], scores["indices"], scores["indptr"]
-    problem = ""
+    name, problem = "", ""
     if min(np.ndim(data), np.ndim(ids), np.ndim(indptr)) != 1 or len(indptr) < 1:
         name, problem = "data.csc.index.npy", "its arrays are not vectors"
     elif not (len(data) == len(ids) == int(indptr[-1])) or int(indptr[0]) != 0:
@@ -319,7 +319,7 @@ def _check_arrays(where: Path, scores: dict[str, Any], n_docs: int, *, indices: 
         )
     elif len(indptr) > 1 and bool((np.diff(indptr) < 0).any()):
         name, problem = "indptr.csc.index.npy", "its pointers go backwards"
-    elif indices and len(ids) and not (0 <= int(ids.min()) and int(ids.max()) < n_docs):
+    elif indices and len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n_docs):
         name = "indices.csc.index.npy"
         problem = f"holds document {int(ids.max())}, past the corpus's {n_docs} documents"
     if problem:

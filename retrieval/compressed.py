@@ -408,12 +408,12 @@ def check_compressed_record(directory: str | Path, record: dict[str, Any]) -> No
         missing = next(name for name in LIST_FILES if name not in table)
         raise IndexFileError(
             Path(directory) / missing,
-            "is not in compressed.json's file table, but its lists are split (\"lists\": "
-            "\"split\") and are read from it; rebuild the index",
+            'is not in compressed.json\'s file table, but its lists are split ("lists": '
+            '"split") and are read from it; rebuild the index',
         )
     if layout == "in-index" and listed:
         raise IndexFormatError(
-            f"{source} says \"lists\": \"in-index\", but its file table lists "
+            f'{source} says "lists": "in-index", but its file table lists '
             f"{', '.join(listed)}: the lists are in those files and {_INDEX_NAME} holds empty "
             "ones, so every query would get no hits; the record was edited: rebuild the index"
         )
@@ -501,13 +501,14 @@ class CompressedIndex:
             watched += [self.directory / name for name in LIST_FILES]
         self.ntotal = int(self._index.ntotal)
         self.d = int(self._index.d)
-        ivf_lists = faiss.try_extract_index_ivf(self._index)
-        if not split and ivf_lists is not None and ivf_lists.invlists.compute_ntotal() != self.ntotal:
+        ivf_lists: Any = faiss.try_extract_index_ivf(self._index)
+        in_lists = -1 if split or ivf_lists is None else int(ivf_lists.invlists.compute_ntotal())
+        if in_lists not in (-1, self.ntotal):
             raise IndexFileError(
                 self.directory / _INDEX_NAME,
-                f"holds {ivf_lists.invlists.compute_ntotal()} rows in its lists but says "
-                f"{self.ntotal}: its lists were split out and compressed.json does not say so "
-                "(every query would get no hits); rebuild the index",
+                f"holds {in_lists} rows in its lists but says {self.ntotal}: its lists were "
+                "split out and compressed.json does not say so (every query would get no "
+                "hits); rebuild the index",
             )
         self._flat: FlatVectors | None = None
         if self.settings.k_factor > 0:

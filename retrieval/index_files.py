@@ -198,7 +198,7 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def lock_path(out: str | Path) -> Path:
-    """The lock file of the builds into `out`: `.NAME.lock` beside it (never removed)."""
+    """The lock file of the builds into `out`: `.NAME.lock` beside it, while a build runs."""
     out = Path(out)
     return out.parent / f".{out.name}.lock"
 
@@ -225,9 +225,8 @@ def build_lock(out: str | Path) -> Iterator[None]:
     PID, rather than made to wait: a launcher that starts the same build on every rank gets
     one build and clear refusals, and nobody waits behind a build that may take hours. The
     lock is an `flock` on `.NAME.lock` beside `out`, so the kernel releases it when its holder
-    dies, even by `kill -9`; the file itself stays (removing a lock file lets two builds hold
-    two files). The same thread may take it again (`atomic_directory` inside a command that
-    already holds it).
+    dies, even by `kill -9` (a killed holder leaves the file, which the next build reuses). The
+    same thread may take it again (`atomic_directory` inside a command that already holds it).
 
     Raises:
         IndexBusyError: another process, or another thread of this one, holds it.
@@ -253,18 +252,8 @@ def build_lock(out: str | Path) -> Iterator[None]:
                 _HELD[key] = (me, _HELD[key][1] - 1)
         return
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    fd = _lock_file(path, out)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = _read_holder(fd)
-            who = f"PID {pid}" if pid is not None else "another process"
-            raise IndexBusyError(
-                f"{out} is being built by {who} (lock {path}): wait for that build to end, "
-                "or stop it, then run this one again",
-                pid,
-            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         with _HELD_GUARD:
@@ -274,9 +263,43 @@ def build_lock(out: str | Path) -> Iterator[None]:
         finally:
             with _HELD_GUARD:
                 del _HELD[key]
-            os.ftruncate(fd, 0)  # no stale PID for the next reader
+            # removed while still held: a builder that opened this file meanwhile finds it
+            # unlinked once it gets the lock, and starts over on a new one (`_lock_file`)
+            path.unlink(missing_ok=True)
     finally:
         os.close(fd)  # releases the lock
+
+
+def _lock_file(path: Path, out: str | Path) -> int:
+    """Open and lock `path`, the file the path names at the moment the lock is held.
+
+    Raises:
+        IndexBusyError: another build holds it.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_holder(fd)
+            os.close(fd)
+            who = f"PID {pid}" if pid is not None else "another process"
+            raise IndexBusyError(
+                f"{out} is being built by {who} (lock {path}): wait for that build to end, "
+                "or stop it, then run this one again",
+                pid,
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            now = path.stat()
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(fd)
+        if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+            return fd
+        os.close(fd)  # the holder before us removed this file as it finished: once more
 
 
 def check_out(out: str | Path, *, marker: str, overwrite: bool) -> None:
@@ -387,8 +410,7 @@ def atomic_directory(out: str | Path, *, marker: str, overwrite: bool = True) ->
         check_out(out, marker=marker, overwrite=overwrite)  # as it is now that we hold the lock
         _remove_strays(out)
         work = out.parent / (
-            f".{out.name}.tmp-{os.getpid()}-{_start_ticks(os.getpid()) or 0}"
-            f"-{secrets.token_hex(3)}"
+            f".{out.name}.tmp-{os.getpid()}-{_start_ticks(os.getpid()) or 0}-{secrets.token_hex(3)}"
         )
         work.mkdir()
         # held open for the build: the directory's inode cannot be freed and reused by one made

@@ -42,7 +42,11 @@ HANGING = {
         "uinteger": 0,
     },
 }
-FIELD = {"MT19937": "MT19937.state.key", "PCG64": "PCG64.state.inc", "PCG64DXSM": "PCG64DXSM.state.inc"}
+FIELD = {
+    "MT19937": "MT19937.state.key",
+    "PCG64": "PCG64.state.inc",
+    "PCG64DXSM": "PCG64DXSM.state.inc",
+}
 
 _CHILD = r"""
 import dataclasses, json, sys
@@ -162,7 +166,14 @@ def _actions(text: str) -> list[str]:
 @pytest.mark.parametrize("protocol", ["trace-rl", "search-r1"])
 @pytest.mark.parametrize(
     "text",
-    ["\ud83d\udfff", "x\ud83d\udfffy", "\ud800", "\udfff Lyon", "\udfff\ud83d", "\ud83d\ud83d\udfff"],
+    [
+        "\ud83d\udfff",
+        "x\ud83d\udfffy",
+        "\ud800",
+        "\udfff Lyon",
+        "\udfff\ud83d",
+        "\ud83d\ud83d\udfff",
+    ],
 )
 def test_a_surrogate_pair_action_survives_the_json_round_trip(protocol: str, text: str) -> None:
     for action in _actions(text):
@@ -199,7 +210,11 @@ def test_hits_holding_a_surrogate_pair_are_stored_as_json_gives_them_back() -> N
     env.step("<search> Acme </search>")
     snap = env.snapshot()
     hit = snap.turns[0].hits[0]
-    assert (hit.doc_id, hit.title, hit.text) == ("p\U0001f7ff", "Acme \U0001f7ff", "Acme \U0001f7ff")
+    assert (hit.doc_id, hit.title, hit.text) == (
+        "p\U0001f7ff",
+        "Acme \U0001f7ff",
+        "Acme \U0001f7ff",
+    )
     assert snapshot_from_json(snap.to_json()) == snap
 
 
@@ -210,7 +225,8 @@ def test_a_restored_generator_draws_what_the_original_draws() -> None:
     snap = env.snapshot()
     other = SearchQAEnv(TASKS, FakeRetriever(DOCS), max_turns=4)
     other.restore(snapshot_from_json(snap.to_json()))
-    assert other.np_random.integers(1 << 30, size=4).tolist() == env.np_random.integers(
-        1 << 30, size=4
-    ).tolist()
+    assert (
+        other.np_random.integers(1 << 30, size=4).tolist()
+        == env.np_random.integers(1 << 30, size=4).tolist()
+    )
     assert dataclasses.replace(snap) == snap
