@@ -131,6 +131,14 @@ class CompressCommand:
     overwrite: bool = False
     """replace an index already at --out"""
 
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads {self.threads}: must be >= 1 (or unset: one per core)")
+        if self.nlist < 0 or self.nprobe < 0 or self.train_per_list < 1 or self.chunk_rows < 1:
+            raise ValueError(
+                "--nlist and --nprobe must be >= 0, --train-per-list and --chunk-rows >= 1"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExportEncoderCommand:
@@ -240,6 +248,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65_535:
             raise ValueError(f"--port {self.port} is not a TCP port (0..65535)")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads {self.threads}: must be >= 1 (or unset: one per core)")
 
 
 def index(argv: list[str]) -> int:
@@ -353,6 +363,11 @@ def _compress(config: CompressCommand) -> None:
     flat = FlatVectors(config.faiss_index)
     n_rows = flat.n
     flat.close()
+    if config.nlist > n_rows:  # k-means needs a row per cell; faiss would try to allocate first
+        raise ValueError(
+            f"--nlist {config.nlist} is more IVF cells than the {n_rows:,} rows of "
+            f"{config.faiss_index}; use at most {n_rows:,} (0 picks rows / 320)"
+        )
     fitted = fitted_search(config.preset, n_rows)
     nprobe = config.nprobe or fitted.nprobe
     k_factor = config.k_factor if config.k_factor is not None else fitted.k_factor

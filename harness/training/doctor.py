@@ -95,6 +95,10 @@ class Target:
     nodes: int = 1
     """Nodes of the run: with more than one, a loopback retriever URL is refused."""
 
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"--nodes {self.nodes}: must be >= 1")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Probes:

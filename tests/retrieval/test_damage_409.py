@@ -40,7 +40,7 @@ def test_damaged_bm25_arrays_are_refused_at_open_when_read(damaged: Path) -> Non
 
 def test_damaged_bm25_arrays_mapped_raise_the_typed_error_at_search(damaged: Path) -> None:
     retriever = load_index(damaged, mmap=True)  # mapped arrays are not read through at open
-    with pytest.raises(IndexFileError, match="fail a search .*the index is damaged"):
+    with pytest.raises(IndexFileError, match=r"fail a search .*the index is damaged"):
         for query in QUERIES:
             retriever.search([query], 3)
 
