@@ -4,9 +4,10 @@ Racing builds, forged generator states, lying manifests and damaged BM25 arrays;
 returns its headline count.
 
 - **concurrent builds** (`concurrent_builds`): two or three `tracerl index build --overwrite`
-  into one `--out`, started at the same moment (as a launcher's ranks would), and a second
-  build launched while the first is saving (the probe's recipe: B starts when A logs "built
-  BM25 index"), through the CLI and through the API (`BM25Retriever.save` in two processes).
+  into one `--out`, started at the same moment (as a launcher's ranks would), and staggered: a
+  second CLI build launched while the first holds the lock (reading and indexing a 20,000-line
+  corpus), and a second API `save` told to start the moment the first one's `save` starts (the
+  probe's recipe: B as A saves), each through two processes.
   A trial is *broken* when the directory left at `--out` does not open, does not verify, lacks
   `corpus.jsonl`, or a process ended otherwise than whole (exit 0) or refused in one line
   naming a builder's PID (exit 2). `concurrent_build_broken_indexes` counts them.
@@ -26,6 +27,7 @@ returns its headline count.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -92,6 +94,9 @@ from retrieval import BM25Retriever
 from retrieval.corpus import read_corpus
 from retrieval.errors import IndexBusyError
 retriever = BM25Retriever.build(read_corpus(sys.argv[1]))
+if sys.argv[3:] == ["wait"]:  # built; save only when told, to land inside another's save
+    print("ready", flush=True)
+    sys.stdin.readline()
 print("saving", flush=True)
 try:
     retriever.save(sys.argv[2])
@@ -101,14 +106,15 @@ except IndexBusyError as err:
 """
 
 
-def _launch(kind: str, corpus: Path, out: Path) -> subprocess.Popen[str]:
+def _launch(kind: str, corpus: Path, out: Path, *, wait: bool = False) -> subprocess.Popen[str]:
     if kind == "cli":
         cmd = [*_CLI, "index", "build", "--corpus", str(corpus), "--out", str(out), "--overwrite"]
     else:
-        cmd = [sys.executable, "-c", _API_BUILD, str(corpus), str(out)]
+        cmd = [sys.executable, "-c", _API_BUILD, str(corpus), str(out), *(["wait"] if wait else [])]
     env = {"TQDM_DISABLE": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         cmd,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -149,18 +155,13 @@ def concurrent_builds(
             procs = [_launch(kind, medium, out) for _ in range(3 if kind == "cli" else 2)]
             ends = [(p.wait(timeout=600), p.stderr.read() if p.stderr else "") for p in procs]
             trials.append(_trial(kind, "at once", out, ends, sizes))
-        for i in range(n_staggered):  # B launched while A saves (A's "built BM25 index" line)
+        for i in range(n_staggered):  # B while A works: A's build (CLI), A's save (API)
             out = work / f"{kind}-staggered-{i}"
-            first = _launch(kind, big, out)
-            marker, stream = (
-                ("built BM25 index", "stderr") if kind == "cli" else ("saving", "stdout")
+            ends = (
+                _staggered_cli(big, small, out)
+                if kind == "cli"
+                else _staggered_api(big, small, out)
             )
-            early = _wait_for(first, marker, stream, timeout_s=600)
-            second = _launch(kind, small, out)
-            ends = [
-                (first.wait(timeout=600), early + (first.stderr.read() if first.stderr else "")),
-                (second.wait(timeout=600), second.stderr.read() if second.stderr else ""),
-            ]
             trials.append(_trial(kind, "staggered", out, ends, sizes))
     broken = sum(not t["whole"] or "bad" in t["exits"] for t in trials)
     return {
@@ -170,8 +171,39 @@ def concurrent_builds(
             Counter(f"{t['kind']} {t['when']}: {'+'.join(t['exits'])}" for t in trials)
         ),
         "strays_left": sum(t["strays"] for t in trials),
-        "trials": trials,
+        "bad_exits": [line for t in trials for line in t["bad_stderr"]],
     }
+
+
+def _staggered_cli(big: Path, small: Path, out: Path) -> list[tuple[int, str]]:
+    """B launched once A holds the lock (A's PID in it): A is reading and building."""
+    first = _launch("cli", big, out)
+    lock = out.parent / f".{out.name}.lock"  # retrieval.index_files.lock_path
+    end = time.monotonic() + 600
+    while time.monotonic() < end and first.poll() is None:
+        with contextlib.suppress(OSError):
+            if lock.read_text().strip() == str(first.pid):
+                break
+        time.sleep(0.01)
+    second = _launch("cli", small, out)
+    return [_end(first), _end(second)]
+
+
+def _staggered_api(big: Path, small: Path, out: Path) -> list[tuple[int, str]]:
+    """B, built and waiting, told to save the moment A starts saving (the probe's recipe)."""
+    second = _launch("api", small, out, wait=True)
+    _wait_for(second, "ready", "stdout", timeout_s=600)
+    first = _launch("api", big, out)
+    _wait_for(first, "saving", "stdout", timeout_s=600)
+    assert second.stdin is not None
+    second.stdin.write("go\n")
+    second.stdin.flush()
+    return [_end(first), _end(second)]
+
+
+def _end(proc: subprocess.Popen[str]) -> tuple[int, str]:
+    code = proc.wait(timeout=600)
+    return code, proc.stderr.read() if proc.stderr else ""
 
 
 def _trial(
