@@ -402,6 +402,21 @@ def _bm25_docs(n: int = 330) -> list[Document]:
     ]
 
 
+def _ask(url: str, queries: list[str], statuses: Counter[str], examples: dict[str, str]) -> None:
+    """Send each query; count the statuses, and a connection the server dropped (it died)."""
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for query in queries:
+            try:
+                r = http.post("/retrieve", json={"queries": [query], "topk": 3})
+            except httpx.TransportError as err:
+                statuses["no answer"] += 1
+                examples.setdefault("no answer", repr(err)[:200])
+                return
+            statuses[str(r.status_code)] += 1
+            if r.status_code != 200:
+                examples.setdefault(str(r.status_code), r.text[:200])
+
+
 def damaged_bm25_statuses(work: Path, *, n_queries: int = 60) -> dict[str, Any]:
     """Serve BM25 indexes with flipped bits in each array; count the statuses answered."""
     work.mkdir(parents=True, exist_ok=True)
@@ -433,19 +448,17 @@ def damaged_bm25_statuses(work: Path, *, n_queries: int = 60) -> dict[str, Any]:
                         continue
                     starts["served"] += 1
                     try:
-                        with httpx.Client(base_url=url, timeout=60) as http:
-                            for query in queries:
-                                r = http.post("/retrieve", json={"queries": [query], "topk": 3})
-                                statuses[str(r.status_code)] += 1
-                                if r.status_code != 200:
-                                    examples.setdefault(str(r.status_code), r.text[:200])
+                        _ask(url, queries, statuses, examples)
                     finally:
+                        if proc.poll() is not None:  # it died under a query
+                            starts[f"died while serving (exit {proc.returncode})"] += 1
                         proc.terminate()
                         proc.wait(timeout=60)
             shutil.rmtree(case)
     n_5xx = sum(n for status, n in statuses.items() if status.startswith("5"))
     return {
         "n_cases": len(files) * 2 * 2,
+        "server_deaths": sum(n for name, n in starts.items() if name.startswith("died")),
         "starts": dict(starts),
         "statuses": dict(statuses),
         "n_5xx": n_5xx,
