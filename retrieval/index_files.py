@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import fcntl
 import hashlib
 import logging
@@ -270,6 +271,9 @@ def build_lock(out: str | Path) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
 def _lock_file(path: Path, out: str | Path) -> int:
     """Open and lock `path`, the file the path names at the moment the lock is held.
 
@@ -289,6 +293,19 @@ def _lock_file(path: Path, out: str | Path) -> int:
                 "or stop it, then run this one again",
                 pid,
             ) from None
+        except OSError as err:
+            if err.errno not in _NO_FLOCK:
+                os.close(fd)
+                raise
+            # a file system without flock (some network mounts): the build goes on unguarded
+            log.warning(
+                "cannot lock %s (%s): a second build into %s at the same time would not be "
+                "refused; build on a local file system, or one build at a time",
+                path,
+                err.strerror,
+                out,
+            )
+            return fd
         except BaseException:
             os.close(fd)
             raise

@@ -235,3 +235,20 @@ def test_a_mount_point_out_is_refused_before_the_build(
     with pytest.raises(SystemExit, match=r"is a mount point.*--out .*volume/index"):
         index_command(["build", "--corpus", str(corpus), "--out", str(mount), "--overwrite"])
     assert time.monotonic() - start < 5 and _strays(mount) == []
+
+
+def test_a_file_system_without_flock_builds_unguarded_with_a_warning(
+    tmp_path: Path, toy_bm25, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+):
+    import errno
+    import fcntl
+    import logging
+
+    def no_flock(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    with caplog.at_level(logging.WARNING):
+        toy_bm25.save(tmp_path / "idx")
+    assert load_index(tmp_path / "idx").index_id == toy_bm25.index_id
+    assert any("would not be refused" in r.getMessage() for r in caplog.records)
