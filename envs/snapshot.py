@@ -57,10 +57,10 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def canonical_text(text: str) -> str:
-    """`text` as a JSON round trip gives it back: each surrogate pair joined into its character.
+    r"""`text` as a JSON round trip gives it back: each surrogate pair joined into its character.
 
     JSON spells every character past U+FFFF as two escapes, a high and a low surrogate
-    (`"\\ud83d\\udfff"`), so it cannot tell a lone high surrogate followed by a lone low one
+    (`"\ud83d\udfff"`), so it cannot tell a lone high surrogate followed by a lone low one
     (two code points, which Python strings can hold) from the character they spell: `json.loads`
     gives back `"\U0001f7ff"`. The env reads every action and hit through this, so what it
     stores is already what a snapshot's JSON restores; lone surrogates stay as they are (JSON's
