@@ -57,6 +57,7 @@ from envs.snapshot import (
     SCHEMA_VERSION,
     EnvSnapshot,
     TurnRecord,
+    canonical_text,
     check_hits,
     check_snapshot_schema,
     task_fingerprint,
@@ -618,7 +619,8 @@ class SearchQAEnv(gym.Env[str, str]):
             if reason:
                 return ParsedAction("invalid", "", reason, 0)
             action = text
-        return _parse(self._shared.config, action, self._shared.tools)
+        # surrogate pairs joined as JSON joins them: a snapshot restores exactly this action
+        return _parse(self._shared.config, canonical_text(action), self._shared.tools)
 
     def _tool_context(self) -> ToolContext:
         config = self._shared.config
@@ -641,7 +643,7 @@ class SearchQAEnv(gym.Env[str, str]):
                 raise ValueError(f"{type(results).__name__} is not a list of one result list")
             # an observation shows at most max_doc_chars (< MAX_TEXT_CHARS) of a text, so the
             # cut changes no observation and keeps every snapshot within restore's limits
-            return check_hits([_cut(hit) for hit in results[0]], top_k=k)
+            return check_hits([_canonical(_cut(hit)) for hit in results[0]], top_k=k)
         except (TypeError, ValueError) as err:
             raise RetrievalFailedError(
                 f"the retriever broke its contract on query {query[:200]!r}: expected one list "
@@ -917,6 +919,18 @@ def _cut(hit: Hit) -> Hit:
     return replace(hit, title=hit.title[:MAX_TEXT_CHARS], text=hit.text[:MAX_TEXT_CHARS])
 
 
+def _canonical(hit: Hit) -> Hit:
+    """The hit with its strings as a snapshot's JSON gives them back (`canonical_text`)."""
+    if not isinstance(hit, Hit) or not all(
+        isinstance(v, str) for v in (hit.doc_id, hit.title, hit.text)
+    ):
+        return hit  # left to check_hits to refuse
+    doc_id, title, text = (canonical_text(v) for v in (hit.doc_id, hit.title, hit.text))
+    if (doc_id, title, text) == (hit.doc_id, hit.title, hit.text):
+        return hit
+    return replace(hit, doc_id=doc_id, title=title, text=text)
+
+
 def _cached(node: _Turn | None, kind: str, key: str) -> _Turn | None:
     """The latest earlier call of this tool with this key (a search's normalised query)."""
     while node is not None:
@@ -971,12 +985,65 @@ def _check_fields(value: Any, spec: dict[str, Any], where: str) -> None:
                 )
 
 
+def _check_usable(name: str, state: dict[str, Any]) -> None:
+    """Refuse the in-range states a generator cannot use, as its own documentation names them.
+
+    numpy sets them without a word, and the stream is then 0 forever: `integers(n)` (the task
+    draw of `reset`) rejects every draw and loops without end, holding the GIL, deaf to
+    SIGINT. MT19937's recurrence reads the top bit of `key[0]` and all of `key[1:]` (19,937
+    bits), and numpy's seeding sets that top bit so they are never all zero; a PCG increment
+    is odd (numpy's seeding makes it `2 * stream + 1`), and an even one can stand still
+    (state 0, increment 0). Philox (a counter through a cipher) and SFC64 (with its counter
+    word) have no such state.
+
+    Raises:
+        ValueError: naming the field (`MT19937.state.key`, `PCG64.state.inc`).
+    """
+    if name == "MT19937":
+        key = state["state"]["key"]
+        if key[0] >> 31 == 0 and not any(key[1:]):
+            raise ValueError(
+                "MT19937.state.key is zero in every bit the generator's recurrence reads (the "
+                "top bit of key[0] and all of key[1:]): it would give 0 forever (numpy's "
+                "seeding never makes such a key)"
+            )
+    elif name in ("PCG64", "PCG64DXSM"):
+        inc = state["state"]["inc"]
+        if inc % 2 == 0:
+            raise ValueError(
+                f"{name}.state.inc is even ({str(inc)[:40]}): a PCG increment is odd (numpy's "
+                "seeding makes it 2 * stream + 1), and an even one can repeat one value forever"
+            )
+
+
+_STREAM_PROBE = 2 * 624 + 8  # past an MT19937 key refill, whatever its position
+
+
+def _check_stream(name: str, bit_generator: np.random.BitGenerator) -> None:
+    """A last guard: refuse a state whose next raw draws are all one value (drawn from a copy).
+
+    Raises:
+        ValueError: naming the generator; a healthy state repeats one 64-bit value this
+            often with probability about 2^-80000.
+    """
+    probe = type(bit_generator)()
+    probe.state = bit_generator.state
+    raw = probe.random_raw(_STREAM_PROBE)
+    if bool((raw == raw[0]).all()):
+        raise ValueError(
+            f"{name}.state gives {int(raw[0])} for {_STREAM_PROBE} draws running: a degenerate "
+            "state, which would make every bounded draw loop forever"
+        )
+
+
 def _generator_from(text: str) -> np.random.Generator:
     """The generator a snapshot's `rng_state` describes, every field checked before use.
 
     Raises:
-        SnapshotError: not JSON, an unknown bit generator, or a field missing, extra, of the
-            wrong type or out of range (an MT19937 position past its key would crash a draw).
+        SnapshotError: not JSON, an unknown bit generator, a field missing, extra, of the
+            wrong type or out of range (an MT19937 position past its key would crash a draw),
+            or a state the generator cannot use (`_check_usable`: a draw would never return);
+            the message names the field.
     """
     try:
         state = json.loads(text)
@@ -986,8 +1053,10 @@ def _generator_from(text: str) -> np.random.Generator:
         _check_fields(
             {k: v for k, v in state.items() if k != "bit_generator"}, _RNG_FIELDS[name], name
         )
+        _check_usable(name, state)
         bit_generator = _BIT_GENERATORS[name]()
         bit_generator.state = state
+        _check_stream(name, bit_generator)
     except Exception as err:  # json and numpy raise Value/Type/Key/Overflow/RecursionError
         raise SnapshotError(
             f"snapshot rng_state is not a bit-generator state: {err!s:.300}", field="rng_state"

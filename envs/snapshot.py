@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ __all__ = [
     "EnvSnapshot",
     "TurnRecord",
     "WrapperSnapshot",
+    "canonical_text",
     "check_hits",
     "check_snapshot_schema",
     "snapshot_from_dict",
@@ -49,6 +51,29 @@ _MAX_STRING_CHARS = MAX_TEXT_CHARS  # any other string: turn contents, hit title
 _MAX_RNG_STATE_CHARS = 8_192  # PCG64 ~170 characters, MT19937 (624 32-bit words) at most ~7,400
 _SHORT = reprlib.Repr()  # Python 3.11's takes no arguments
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 80, 80, 40
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def canonical_text(text: str) -> str:
+    r"""`text` as a JSON round trip gives it back: each surrogate pair joined into its character.
+
+    JSON spells every character past U+FFFF as two escapes, a high and a low surrogate
+    (`"\ud83d\udfff"`), so it cannot tell a lone high surrogate followed by a lone low one
+    (two code points, which Python strings can hold) from the character they spell: `json.loads`
+    gives back `"\U0001f7ff"`. The env reads every action and hit through this, so what it
+    stores is already what a snapshot's JSON restores; lone surrogates stay as they are (JSON's
+    escapes carry them exactly).
+
+    >>> canonical_text("a\ud83d\udfffb") == "a\U0001f7ffb"
+    True
+    >>> canonical_text("\udfff\ud83d") == "\udfff\ud83d"  # low then high: no pair
+    True
+    """
+    if _SURROGATE.search(text) is None:  # the common case: nothing to join
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
 
 
 def short_repr(value: Any) -> str:

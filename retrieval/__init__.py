@@ -14,6 +14,7 @@ from retrieval.dense import DenseParams, DenseRetriever
 from retrieval.encoder import DEFAULT_ENCODER, SentenceEncoder
 from retrieval.errors import (
     EncoderError,
+    IndexBusyError,
     IndexFormatError,
     IndexMismatchError,
     InvalidRequest,
@@ -37,6 +38,7 @@ __all__ = [
     "EncoderError",
     "HTTPRetriever",
     "Hit",
+    "IndexBusyError",
     "IndexFormatError",
     "IndexManifest",
     "IndexMismatchError",

@@ -22,7 +22,7 @@ import Stemmer
 
 from retrieval.base import Document, Hit, check_k, check_queries
 from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
-from retrieval.errors import IndexFormatError, IndexMismatchError
+from retrieval.errors import IndexFileError, IndexFormatError, IndexMismatchError
 from retrieval.index_files import FileWatch, atomic_directory
 from retrieval.manifest import CORPUS_NAME, MANIFEST_NAME, IndexManifest, now_utc, read_manifest
 
@@ -94,12 +94,14 @@ class BM25Retriever:
         params: BM25Params,
         manifest: IndexManifest,
         watch: FileWatch | None = None,
+        directory: Path | None = None,
     ) -> None:
         self._documents = tuple(documents)
         self._model = model
         self._params = params
         self._manifest = manifest
         self._watch = watch  # mapped arrays: refuse once their files change under us
+        self._directory = directory  # where it was loaded from: named when its arrays fail
 
     @classmethod
     def build(
@@ -197,10 +199,35 @@ class BM25Retriever:
             if not token_ids:
                 results.append([])
                 continue
-            scores = self._model.get_scores_from_ids(token_ids)
+            scores = self._scores(token_ids)
             best = top_k_indices(scores, k, min_score=0.0)
             results.append([self._hit(int(i), float(scores[i])) for i in best])
         return results
+
+    def _scores(self, token_ids: list[int]) -> np.ndarray:
+        """bm25s's score of every document; damaged arrays raise `IndexFileError`, not a crash.
+
+        Raises:
+            IndexFileError: the arrays point past the corpus or past themselves (a server
+                answers 409: retrying cannot help).
+        """
+        try:
+            scores = np.asarray(self._model.get_scores_from_ids(token_ids))
+        except (IndexError, ValueError, TypeError, OverflowError) as err:
+            where = (self._directory or Path("(in memory)")) / _BM25S_DIR
+            raise IndexFileError(
+                where,
+                f"holds arrays that fail a search ({type(err).__name__}: {str(err)[:120]}): the "
+                "index is damaged; check it with `tracerl index verify` and rebuild it",
+            ) from err
+        if scores.shape != (len(self._documents),):
+            where = (self._directory or Path("(in memory)")) / _BM25S_DIR
+            raise IndexFileError(
+                where,
+                f"scores {scores.shape[0] if scores.ndim else 0} documents, the corpus holds "
+                f"{len(self._documents)}: the index is damaged; rebuild it",
+            )
+        return scores
 
     def _hit(self, position: int, score: float) -> Hit:
         doc = self._documents[position]
@@ -249,15 +276,57 @@ class BM25Retriever:
             raise IndexFormatError(f"{directory}: bad BM25 params {manifest.params}") from err
         try:
             model = bm25s.BM25.load(str(directory / _BM25S_DIR), mmap=mmap, load_corpus=False)
-        except (OSError, ValueError, KeyError) as err:
+            n_docs = model.scores["num_docs"]
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as err:
+            # a damaged params or vocab file fails in bm25s as any of these
             raise IndexFormatError(f"{directory}: cannot load the bm25s arrays ({err})") from err
-        if model.scores["num_docs"] != len(documents):
+        if n_docs != len(documents):
             raise IndexMismatchError(
-                f"{directory}: the bm25s arrays index {model.scores['num_docs']} documents but "
+                f"{directory}: the bm25s arrays index {n_docs} documents but "
                 f"corpus.jsonl holds {len(documents)}; rebuild the index"
             )
+        _check_arrays(directory / _BM25S_DIR, model.scores, len(documents), indices=not mmap)
         watch = FileWatch(list((directory / _BM25S_DIR).glob("*.npy"))) if mmap else None
-        return cls(documents=documents, model=model, params=params, manifest=manifest, watch=watch)
+        return cls(
+            documents=documents,
+            model=model,
+            params=params,
+            manifest=manifest,
+            watch=watch,
+            directory=directory,
+        )
+
+
+def _check_arrays(where: Path, scores: dict[str, Any], n_docs: int, *, indices: bool) -> None:
+    """Refuse score arrays that a search would read past: their shapes, and the CSC pointers.
+
+    The document ids in `indices` are range-checked too when they are in memory (`indices`);
+    mapped ones are not read through at open, and a search that meets a bad one raises
+    `IndexFileError` (`BM25Retriever._scores`).
+
+    Raises:
+        IndexFileError: naming the array file and what is wrong.
+    """
+    data, ids, indptr = scores["data"], scores["indices"], scores["indptr"]
+    name, problem = "", ""
+    if min(np.ndim(data), np.ndim(ids), np.ndim(indptr)) != 1 or len(indptr) < 1:
+        name, problem = "data.csc.index.npy", "its arrays are not vectors"
+    elif not (len(data) == len(ids) == int(indptr[-1])) or int(indptr[0]) != 0:
+        name = "indptr.csc.index.npy"
+        problem = (
+            f"its pointers span 0..{int(indptr[-1])} ({int(indptr[0])} first), but the arrays hold "
+            f"{len(ids)} ids and {len(data)} scores"
+        )
+    elif len(indptr) > 1 and bool((np.diff(indptr) < 0).any()):
+        name, problem = "indptr.csc.index.npy", "its pointers go backwards"
+    elif indices and len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n_docs):
+        name = "indices.csc.index.npy"
+        problem = f"holds document {int(ids.max())}, past the corpus's {n_docs} documents"
+    if problem:
+        raise IndexFileError(
+            where / name,
+            f"is damaged ({problem}); check it with `tracerl index verify` and rebuild the index",
+        )
 
 
 def _check_unique_ids(documents: Sequence[Document]) -> None:

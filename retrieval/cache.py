@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from retrieval.base import Hit, Retriever, check_k, check_queries, normalize_query
@@ -39,7 +39,11 @@ class CachedRetriever:
     """Wraps a retriever with a bounded LRU cache of its results; meets `Retriever`.
 
     Results are exactly `inner.search([normalize_query(q)], k)`; `index_id` is the inner one,
-    so a key never mixes two indexes. Safe to share between threads and environment forks:
+    so a key never mixes two indexes. In front of a remote retriever, an answer made of cached
+    entries alone is served only once the server has confirmed its index id
+    (`HTTPRetriever.check_index_id`: one `/health` request, unless its `index_check_s` allows
+    a window), so a server restarted onto another index empties the cache before the next
+    answer. Safe to share between threads and environment forks:
     the cache is guarded by a lock, the stored hits are frozen, and every call returns fresh
     lists. Evicting an entry changes nothing but speed, because the inner retriever is
     deterministic.
@@ -63,6 +67,10 @@ class CachedRetriever:
         if max_entries is not None and max_entries < 1:
             raise ValueError(f"max_entries must be positive or None, got {max_entries}")
         self._inner = inner
+        # a remote retriever (`HTTPRetriever`) can ask its server which index it serves now:
+        # done before an answer made of cached entries alone, which no server confirmed
+        check = getattr(inner, "check_index_id", None)
+        self._check_index_id: Callable[[], str] | None = check if callable(check) else None
         # asked for on first use, not here: a server that is down at construction may be up
         # by the first search, and `make_retriever(url)` must not fail before then
         self._index_id: str | None = None
@@ -147,6 +155,13 @@ class CachedRetriever:
                     self._entries.move_to_end((key, k))
                     found[key] = entry
         missing = list(dict.fromkeys(key for key in keys if key not in found))
+        if not missing and self._check_index_id is not None:
+            # nothing to fetch, so no answer header names the index: ask the server whether
+            # it still serves the one these entries came from (a restart onto another index
+            # empties the cache here, before any of them is served)
+            self._check_index_id()
+            if self.index_id != epoch:
+                return None
         if missing:
             fresh = self._inner.search(missing, k)
             if len(fresh) != len(missing):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -130,6 +131,14 @@ class CompressCommand:
     overwrite: bool = False
     """replace an index already at --out"""
 
+    def __post_init__(self) -> None:
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads {self.threads}: must be >= 1 (or unset: one per core)")
+        if self.nlist < 0 or self.nprobe < 0 or self.train_per_list < 1 or self.chunk_rows < 1:
+            raise ValueError(
+                "--nlist and --nprobe must be >= 0, --train-per-list and --chunk-rows >= 1"
+            )
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExportEncoderCommand:
@@ -158,7 +167,9 @@ class VerifyCommand:
     """Hash every file of an index directory against its manifest (reads the whole index).
 
     Opening an index already checks each file's presence and size; this also finds a file
-    changed in place (a bit flip, another build's file of the same size).
+    changed in place (a bit flip, another build's file of the same size), and refuses a
+    manifest it cannot check against (no file table) or that contradicts itself. Exit code 0:
+    every file matches; 1: the index fails, and one line on stderr says why.
     """
 
     index: tyro.conf.Positional[Path]
@@ -237,6 +248,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65_535:
             raise ValueError(f"--port {self.port} is not a TCP port (0..65535)")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"--threads {self.threads}: must be >= 1 (or unset: one per core)")
 
 
 def index(argv: list[str]) -> int:
@@ -263,7 +276,7 @@ def index(argv: list[str]) -> int:
         elif isinstance(config, ExportEncoderCommand):
             _export_encoder(config)
         elif isinstance(config, VerifyCommand):
-            _verify(config)
+            return _verify(config)
         else:
             _search(config)
     except (RetrievalError, ValueError) as err:
@@ -271,22 +284,39 @@ def index(argv: list[str]) -> int:
     return 0
 
 
-def _verify(config: VerifyCommand) -> None:
+def _verify(config: VerifyCommand) -> int:
+    """0 when every file matches; 1, with the reason in one line, when the index fails."""
     from retrieval.indexes import verify_index
 
     start = time.perf_counter()
-    verify_index(config.index)
+    try:
+        verify_index(config.index)
+    except (RetrievalError, ValueError, OSError) as err:
+        # a finding, not a usage error (2): `tracerl index verify DIR && deploy` stops here
+        reason = " ".join(str(err).split())
+        print(f"tracerl index verify: {reason}", file=sys.stderr)
+        return 1
     print(f"{config.index}: every file matches its manifest ({time.perf_counter() - start:.1f} s)")
+    return 0
 
 
 def _build(config: BuildConfig) -> None:
+    from retrieval.index_files import build_lock, check_out
+
+    # refused before the corpus is read, and held for the whole build: a second build into
+    # the same --out (another rank of a launcher, a second shell) is refused at once, naming
+    # this one's PID
+    check_out(config.out, marker=MANIFEST_NAME, overwrite=config.overwrite)
+    with build_lock(config.out):
+        _build_locked(config)
+
+
+def _build_locked(config: BuildConfig) -> None:
     from retrieval.bm25 import BM25Retriever
     from retrieval.corpus import read_corpus
     from retrieval.dense import DenseRetriever
     from retrieval.encoder import SentenceEncoder
 
-    if (config.out / MANIFEST_NAME).exists() and not config.overwrite:
-        raise ValueError(f"{config.out} already holds an index; pass --overwrite to replace it")
     start = time.perf_counter()
     documents = read_corpus(config.corpus)
     log.info("read %d documents from %s", len(documents), config.corpus)
@@ -333,6 +363,11 @@ def _compress(config: CompressCommand) -> None:
     flat = FlatVectors(config.faiss_index)
     n_rows = flat.n
     flat.close()
+    if config.nlist > n_rows:  # k-means needs a row per cell; faiss would try to allocate first
+        raise ValueError(
+            f"--nlist {config.nlist} is more IVF cells than the {n_rows:,} rows of "
+            f"{config.faiss_index}; use at most {n_rows:,} (0 picks rows / 320)"
+        )
     fitted = fitted_search(config.preset, n_rows)
     nprobe = config.nprobe or fitted.nprobe
     k_factor = config.k_factor if config.k_factor is not None else fitted.k_factor

@@ -34,6 +34,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import random
 import threading
@@ -98,6 +99,12 @@ class HTTPRetriever:
             response to `q` queries at `k` is refused past `q * k * max_doc_bytes + 64 KiB`.
         breaker_s: after a call finds the server unavailable, how long later `search` calls
             fail at once with the same cause instead of waiting their own deadline (0: never).
+        index_check_s: how stale the index id may be when a cache in front of this client
+            (`CachedRetriever`) answers from its entries alone: `check_index_id` asks `/health`
+            again once this long has passed since the server last named its index. 0 (the
+            default) asks before every answer served wholly from a cache, so a server restarted
+            onto another index never has the old index's hits served under it; a positive
+            value trades that window for a request saved per cached answer.
 
     >>> r = HTTPRetriever("http://127.0.0.1:8000", index_id="bm25-0123456789abcdef")
     >>> r.search(["", "   "], k=3)  # empty queries never reach the server
@@ -121,6 +128,7 @@ class HTTPRetriever:
         protocol: Protocol = "search-r1",
         max_doc_bytes: int = 65_536,
         breaker_s: float = 30.0,
+        index_check_s: float = 0.0,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"url must start with http:// or https://, got {url!r}")
@@ -146,6 +154,8 @@ class HTTPRetriever:
             raise ValueError(f"deadline_s must be positive or None, got {deadline_s}")
         if breaker_s < 0:
             raise ValueError(f"breaker_s must be >= 0, got {breaker_s}")
+        if not index_check_s >= 0:
+            raise ValueError(f"index_check_s must be >= 0, got {index_check_s}")
         self._url = url.rstrip("/")
         self._source = f"POST {self._url}/retrieve"
         self._timeout_s = timeout_s
@@ -168,6 +178,9 @@ class HTTPRetriever:
         self._max_hits_per_request = max_hits_per_request
         self._index_id = index_id
         self._pinned = index_id is not None  # a caller's id is kept whatever the server says
+        self._index_check_s = index_check_s
+        self._named_at = -math.inf  # time.monotonic() when the server last named its index
+        self._has_health = True  # False for a server without /health: nothing to ask
         self._lock = threading.Lock()  # guards the lazy index id
         self._client_lock = threading.Lock()  # guards the lazy connection pools
         self._jitter = random.Random()  # private: jitter only spreads retries, never results
@@ -197,10 +210,33 @@ class HTTPRetriever:
                 self._index_id = self._fetch_index_id()
             return self._index_id
 
+    def check_index_id(self) -> str:
+        """Ask the server which index it serves now, follow it, and return it.
+
+        What a cache calls before it answers from its entries alone (`CachedRetriever`): a
+        server restarted on the same URL with another index shows its new id here, and the
+        cache empties itself before anything is served. Asks `/health` unless the server
+        named its index within the last `index_check_s` seconds (0: always); a pinned id
+        (`index_id=`) and a server without `/health` are never asked.
+
+        Raises:
+            RetrieverUnavailable: the server cannot be reached within the retry budget (or
+                the circuit breaker is open): nothing can be confirmed, so nothing is served.
+        """
+        if self._pinned or not self._has_health:
+            return self.index_id
+        if time.monotonic() - self._named_at < self._index_check_s:
+            return self.index_id
+        with self._breaker(True):
+            served = self._fetch_index_id()
+        self._take_index_id(served)
+        return served
+
     def _fetch_index_id(self) -> str:
         try:
             health = self.health()
         except RequestRejected:  # a Search-R1 server has no /health
+            self._has_health = False
             fallback = f"http-{hashlib.sha256(self._url.encode()).hexdigest()[:16]}"
             log.warning(
                 "%s has no /health; using index id %s derived from the URL. Caches keyed on it "
@@ -212,12 +248,20 @@ class HTTPRetriever:
         index_id = health.get("index_id") if isinstance(health, dict) else None
         if not isinstance(index_id, str):
             raise RetrievalError(f"GET {self._url}/health returned no string 'index_id'")
+        self._named_at = time.monotonic()
         return index_id
 
     def _follow_index_id(self, response: httpx.Response) -> None:
         """Take the index id a trace-rl server names in its answer, if it changed."""
         served = response.headers.get(INDEX_ID_HEADER)
         if served is None or self._pinned:
+            return
+        self._named_at = time.monotonic()
+        self._take_index_id(served)
+
+    def _take_index_id(self, served: str) -> None:
+        """Adopt `served` as the index id, saying so when it replaces another."""
+        if self._pinned:
             return
         with self._lock:
             if served != self._index_id:

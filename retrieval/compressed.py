@@ -51,6 +51,8 @@ from retrieval.faiss_files import FlatVectors, file_fingerprint, read_index
 from retrieval.index_files import (
     FileWatch,
     atomic_directory,
+    build_lock,
+    check_out,
     check_sizes,
     file_table,
     table_from_json,
@@ -69,6 +71,7 @@ __all__ = [
     "SearchDefaults",
     "SearchLaw",
     "check_compressed_files",
+    "check_compressed_record",
     "compress_flat_index",
     "fitted_search",
     "read_compressed_record",
@@ -230,8 +233,28 @@ def compress_flat_index(
     Raises:
         IndexFormatError: the flat file is not a faiss flat index.
         ValueError: `n_rows` is out of range.
-        IndexFormatError: `out_dir` exists and is not a compressed index directory.
+        IndexFormatError: `out_dir` exists and is not a compressed index directory, or is a
+            symbolic link or a mount point.
+        IndexBusyError: another build into `out_dir` is running (its PID is named).
     """
+    out_dir = Path(out_dir)
+    # refused before the sample is read and k-means trained, not at the end of an hour's build
+    check_out(out_dir, marker=COMPRESSED_NAME, overwrite=True)
+    with build_lock(out_dir):
+        return _compress_flat_index(
+            flat_path, out_dir, config, n_rows=n_rows, centroids=centroids, progress=progress
+        )
+
+
+def _compress_flat_index(
+    flat_path: str | Path,
+    out_dir: str | Path,
+    config: CompressConfig | None,
+    *,
+    n_rows: int | None,
+    centroids: np.ndarray | None,
+    progress: bool,
+) -> dict[str, Any]:
     import faiss
 
     config = config or CompressConfig()
@@ -348,25 +371,82 @@ def read_compressed_record(directory: str | Path) -> dict[str, Any]:
     return record
 
 
+_LAYOUTS = ("split", "in-index")
+"""Where a compressed index keeps its IVF lists: in `LIST_FILES` beside `index.faiss`, or in it."""
+
+
+def check_compressed_record(directory: str | Path, record: dict[str, Any]) -> None:
+    """Check that `compressed.json` agrees with itself: a known lists layout its table serves.
+
+    A table that lists the split list files under `"lists": "in-index"` would open the empty
+    lists `index.faiss` keeps once they are split out: every query 0 hits. So would a split
+    layout whose table misses one of them, and no table can lack `index.faiss`.
+
+    Raises:
+        IndexFormatError: the layout is unknown, or contradicts the table.
+        IndexFileError: the table lacks a file the layout needs.
+    """
+    source = Path(directory) / COMPRESSED_NAME
+    if "files" not in record:
+        return
+    table = table_from_json(record["files"], source=str(source))
+    listed = [name for name in LIST_FILES if name in table]
+    layout = record.get("lists", "split" if listed else "in-index")
+    if layout not in _LAYOUTS:
+        raise IndexFormatError(
+            f"{source}: unknown lists layout {str(layout)[:40]!r} (expected one of "
+            f"{list(_LAYOUTS)}); the record was edited or written by another tool: rebuild it "
+            "with `tracerl index compress --overwrite`"
+        )
+    if _INDEX_NAME not in table:
+        raise IndexFileError(
+            Path(directory) / _INDEX_NAME,
+            "is not in compressed.json's file table, and a compressed index cannot open without "
+            "it; rebuild the index",
+        )
+    if layout == "split" and len(listed) != len(LIST_FILES):
+        missing = next(name for name in LIST_FILES if name not in table)
+        raise IndexFileError(
+            Path(directory) / missing,
+            'is not in compressed.json\'s file table, but its lists are split ("lists": '
+            '"split") and are read from it; rebuild the index',
+        )
+    if layout == "in-index" and listed:
+        raise IndexFormatError(
+            f'{source} says "lists": "in-index", but its file table lists '
+            f"{', '.join(listed)}: the lists are in those files and {_INDEX_NAME} holds empty "
+            "ones, so every query would get no hits; the record was edited: rebuild the index"
+        )
+
+
 def check_compressed_files(directory: str | Path, *, hashes: bool = False) -> None:
     """Compare a compressed directory's files with `compressed.json`'s table.
 
-    Sizes and names always; `hashes` also hashes every file. A directory written before the
-    table existed is only warned about.
+    Sizes and names always, and the record against itself (`check_compressed_record`);
+    `hashes` also hashes every file. A directory written before the table existed is only
+    warned about, except under `hashes`, which has nothing to check it against.
 
     Raises:
-        IndexFormatError: `compressed.json` is missing or malformed.
+        IndexFormatError: `compressed.json` is missing or malformed, contradicts itself, or
+            has no table under `hashes`.
         IndexFileError: naming the missing, resized, changed or extra file.
     """
     directory = Path(directory)
     record = read_compressed_record(directory)
     if "files" not in record:
+        if hashes:
+            raise IndexFormatError(
+                f"cannot verify {directory}: its {COMPRESSED_NAME} has no file table (it was "
+                "written before compressed.json listed its files), so there is nothing to check "
+                "its files against; rebuild it (`tracerl index compress --overwrite`)"
+            )
         log.warning(
             "%s was written before compressed.json listed its files: they are not checked; "
             "rebuild it (`tracerl index compress --overwrite`) to get the checks",
             directory,
         )
         return
+    check_compressed_record(directory, record)
     table = table_from_json(record["files"], source=str(directory / COMPRESSED_NAME))
     check_sizes(directory, table, exclude={COMPRESSED_NAME})
     if hashes:
@@ -421,6 +501,15 @@ class CompressedIndex:
             watched += [self.directory / name for name in LIST_FILES]
         self.ntotal = int(self._index.ntotal)
         self.d = int(self._index.d)
+        ivf_lists: Any = faiss.try_extract_index_ivf(self._index)
+        in_lists = -1 if split or ivf_lists is None else int(ivf_lists.invlists.compute_ntotal())
+        if in_lists not in (-1, self.ntotal):
+            raise IndexFileError(
+                self.directory / _INDEX_NAME,
+                f"holds {in_lists} rows in its lists but says {self.ntotal}: its lists were "
+                "split out and compressed.json does not say so (every query would get no "
+                "hits); rebuild the index",
+            )
         self._flat: FlatVectors | None = None
         if self.settings.k_factor > 0:
             path = Path(flat_path if flat_path is not None else self.record["flat_file"])

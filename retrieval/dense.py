@@ -33,7 +33,7 @@ import numpy as np
 
 from retrieval.base import Document, Encoder, Hit, check_k, check_queries
 from retrieval.corpus import corpus_hash, index_text, read_corpus, write_corpus
-from retrieval.errors import IndexFormatError, IndexMismatchError
+from retrieval.errors import IndexFileError, IndexFormatError, IndexMismatchError
 from retrieval.faiss_files import read_index
 from retrieval.index_files import FileWatch, atomic_directory
 from retrieval.manifest import CORPUS_NAME, MANIFEST_NAME, IndexManifest, now_utc, read_manifest
@@ -84,6 +84,7 @@ class DenseRetriever:
         params: DenseParams,
         manifest: IndexManifest,
         watch: FileWatch | None = None,
+        directory: Path | None = None,
     ) -> None:
         self._documents = tuple(documents)
         self._index = index
@@ -91,6 +92,7 @@ class DenseRetriever:
         self._params = params
         self._manifest = manifest
         self._watch = watch  # a mapped faiss file: refuse once it changes under us
+        self._directory = directory  # where it was loaded from: named when it is damaged
         if params.index_type == "hnsw":
             # (faiss's type stubs lag its SWIG classes: these exist and take these keywords)
             self._search_params: Any = faiss.SearchParametersHNSW(efSearch=params.hnsw_ef_search)  # type: ignore[attr-defined]
@@ -225,6 +227,15 @@ class DenseRetriever:
         vectors = self._encoder.encode([self._params.query_prefix + q for q in queries])
         k_index = min(k, self._index.ntotal)
         scores, positions = self._index.search(vectors, k_index, params=self._search_params)
+        if positions.size and int(positions.max()) >= len(self._documents):
+            # a damaged graph or list can name a row the corpus lacks: refused (a server
+            # answers 409), never an IndexError (a 500)
+            raise IndexFileError(
+                self._directory / _FAISS_NAME if self._directory else Path(_FAISS_NAME),
+                f"answered row {int(positions.max())}, past the corpus's "
+                f"{len(self._documents)} documents: the index is damaged; check it with "
+                "`tracerl index verify` and rebuild it",
+            )
         return [
             [self._hit(int(i), float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
             for row_s, row_i in zip(scores, positions, strict=True)
@@ -305,6 +316,7 @@ class DenseRetriever:
             params=params,
             manifest=manifest,
             watch=FileWatch([path]) if mmap else None,
+            directory=directory,
         )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "EncoderError",
+    "IndexBusyError",
     "IndexChangedError",
     "IndexFileError",
     "IndexFormatError",
@@ -65,3 +66,14 @@ class InvalidRequest(RetrievalError, ValueError):
         super().__init__(detail)
         self.status = status
         self.detail = detail
+
+
+class IndexBusyError(RetrievalError, BlockingIOError):
+    """Another build holds the lock beside an index's directory: this one is refused at once.
+
+    `pid` is the holder's process id (None when it could not be read).
+    """
+
+    def __init__(self, message: str, pid: int | None) -> None:
+        super().__init__(message)
+        self.pid = pid

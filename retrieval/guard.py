@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["ConnectionLimits", "check_descriptor_room", "guarded_protocol"]
+__all__ = ["ConnectionLimits", "Throttled", "check_descriptor_room", "guarded_protocol"]
 
 log = logging.getLogger(__name__)
 
@@ -122,33 +122,38 @@ def _response(status: int, reason: str, detail: str, extra: dict[str, str] | Non
     return f"HTTP/1.1 {status} {reason}\r\n{head}\r\n".encode() + body
 
 
-class _Refusals:
-    """Counts refused, evicted or cut connections; logs them at most once per `_LOG_EVERY_S`.
+class Throttled:
+    """Counts events (refused, evicted or cut connections); logs them at most once per 10 s.
 
     Args:
         template: the log line, formatted with the count since the last line and `add`'s args.
     """
 
-    def __init__(self, template: str) -> None:
+    def __init__(
+        self, template: str, *, logger: logging.Logger | None = None, level: int = logging.WARNING
+    ) -> None:
         self._template = template
+        self._log = logger or log
+        self._level = level
         self.count = 0
         self._logged_at = -_LOG_EVERY_S
         self._unlogged = 0
 
     def add(self, *args: object) -> None:
+        """Count one event; log the count since the last line if none came in 10 s."""
         self.count += 1
         self._unlogged += 1
         now = time.monotonic()
         if now - self._logged_at >= _LOG_EVERY_S:
-            log.warning(self._template, self._unlogged, *args)
+            self._log.log(self._level, self._template, self._unlogged, *args)
             self._logged_at, self._unlogged = now, 0
 
 
 class _GuardedProtocol(H11Protocol):
     limits: ClassVar[ConnectionLimits]
-    refusals: ClassVar[_Refusals]
-    evictions: ClassVar[_Refusals]
-    cuts: ClassVar[_Refusals]
+    refusals: ClassVar[Throttled]
+    evictions: ClassVar[Throttled]
+    cuts: ClassVar[Throttled]
     stalled: ClassVar[dict[_GuardedProtocol, float]]
     """connections whose answer waits unread in their buffer -> since when (loop time)"""
 
@@ -311,14 +316,14 @@ def guarded_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     """The h11 protocol class of uvicorn with `limits` enforced (`uvicorn.Config(http=...)`)."""
     state = {
         "limits": limits,
-        "refusals": _Refusals(
+        "refusals": Throttled(
             "refused %d connection(s) with 503: %d open, the limit is %d (--connections.max-open)"
         ),
-        "evictions": _Refusals(
+        "evictions": Throttled(
             "closed %d slow connection(s) to make room: %d open, the limit is %d "
             "(--connections.max-open)"
         ),
-        "cuts": _Refusals("cut %d connection(s) whose client does not read its answer (last: %s)"),
+        "cuts": Throttled("cut %d connection(s) whose client does not read its answer (last: %s)"),
         "stalled": {},
     }
     return type("GuardedProtocol", (_GuardedProtocol,), state)

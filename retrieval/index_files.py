@@ -11,8 +11,10 @@ relative to the directory, its size and its SHA-256. Then:
   (`verify_hashes`): a bit flip is named too;
 - a build writes into a fresh directory beside its target and swaps it in with one atomic
   rename (`atomic_directory`), so a kill at any moment leaves the old index or the new one;
-- `FileWatch` remembers each file's inode, size and modification time at open; an index checks
-  it before each search and refuses (`IndexChangedError`) once a file was replaced, truncated or
+  it holds a lock beside its target (`build_lock`), so a second build into the same target is
+  refused at once with the first one's PID, and deletes only the strays of dead builds;
+- `FileWatch` remembers each file's inode, size, mtime and ctime at open; an index checks it
+  before each search and refuses (`IndexChangedError`) once a file was replaced, truncated or
   written in place, instead of reading a mapping past its end (SIGBUS) or mixing two builds.
 """
 
@@ -21,23 +23,32 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
+import fcntl
 import hashlib
 import logging
 import os
+import re
+import secrets
 import shutil
+import threading
+import time
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrieval.errors import IndexChangedError, IndexFileError, IndexFormatError
+from retrieval.errors import IndexBusyError, IndexChangedError, IndexFileError, IndexFormatError
 
 __all__ = [
     "FileEntry",
     "FileWatch",
     "atomic_directory",
+    "build_lock",
+    "check_out",
     "check_sizes",
     "file_table",
+    "lock_path",
     "table_digest",
     "table_from_json",
     "table_to_json",
@@ -187,15 +198,217 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, f"cannot swap {a} and {b}: {os.strerror(err)}")
 
 
+def lock_path(out: str | Path) -> Path:
+    """The lock file of the builds into `out`: `.NAME.lock` beside it, while a build runs."""
+    out = Path(out)
+    return out.parent / f".{out.name}.lock"
+
+
+_HELD: dict[str, tuple[int, int]] = {}  # lock path -> (holding thread, depth): re-entry
+_HELD_GUARD = threading.Lock()
+
+
+def _read_holder(fd: int) -> int | None:
+    """The PID the holder wrote into the lock file (None if not written yet or unreadable)."""
+    for _ in range(20):  # the holder writes its PID just after it takes the lock
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        if text.isdigit():
+            return int(text)
+        time.sleep(0.005)
+    return None
+
+
+@contextlib.contextmanager
+def build_lock(out: str | Path) -> Iterator[None]:
+    """Hold the lock of the builds into `out` (`lock_path`) for the block.
+
+    A second build into the same `out` is refused at once, in one line naming the holder's
+    PID, rather than made to wait: a launcher that starts the same build on every rank gets
+    one build and clear refusals, and nobody waits behind a build that may take hours. The
+    lock is an `flock` on `.NAME.lock` beside `out`, so the kernel releases it when its holder
+    dies, even by `kill -9` (a killed holder leaves the file, which the next build reuses). The
+    same thread may take it again (`atomic_directory` inside a command that already holds it).
+
+    Raises:
+        IndexBusyError: another process, or another thread of this one, holds it.
+    """
+    path = lock_path(out)
+    key = os.path.abspath(path)
+    me = threading.get_ident()
+    with _HELD_GUARD:
+        held = _HELD.get(key)
+        if held is not None and held[0] == me:
+            _HELD[key] = (me, held[1] + 1)
+        elif held is not None:
+            raise IndexBusyError(
+                f"{out} is being built by this process (PID {os.getpid()}, another thread): "
+                f"wait for that build, or write this one elsewhere (lock {path})",
+                os.getpid(),
+            )
+    if held is not None:  # re-entered by the holding thread
+        try:
+            yield
+        finally:
+            with _HELD_GUARD:
+                _HELD[key] = (me, _HELD[key][1] - 1)
+        return
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fd = _lock_file(path, out)
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        with _HELD_GUARD:
+            _HELD[key] = (me, 1)
+        try:
+            yield
+        finally:
+            with _HELD_GUARD:
+                del _HELD[key]
+            # removed while still held: a builder that opened this file meanwhile finds it
+            # unlinked once it gets the lock, and starts over on a new one (`_lock_file`)
+            path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+def _lock_file(path: Path, out: str | Path) -> int:
+    """Open and lock `path`, the file the path names at the moment the lock is held.
+
+    Raises:
+        IndexBusyError: another build holds it.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = _read_holder(fd)
+            os.close(fd)
+            who = f"PID {pid}" if pid is not None else "another process"
+            raise IndexBusyError(
+                f"{out} is being built by {who} (lock {path}): wait for that build to end, "
+                "or stop it, then run this one again",
+                pid,
+            ) from None
+        except OSError as err:
+            if err.errno not in _NO_FLOCK:
+                os.close(fd)
+                raise
+            # a file system without flock (some network mounts): the build goes on unguarded
+            log.warning(
+                "cannot lock %s (%s): a second build into %s at the same time would not be "
+                "refused; build on a local file system, or one build at a time",
+                path,
+                err.strerror,
+                out,
+            )
+            return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            now = path.stat()
+        except FileNotFoundError:
+            now = None
+        held = os.fstat(fd)
+        if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+            return fd
+        os.close(fd)  # the holder before us removed this file as it finished: once more
+
+
+def check_out(out: str | Path, *, marker: str, overwrite: bool) -> None:
+    """Refuse, before any work, an `--out` that a build could not replace whole.
+
+    Raises:
+        IndexFormatError: `out` is a symbolic link, a mount point, a file, a directory that
+            is not an index, or an index and not `overwrite`.
+    """
+    out = Path(out)
+    if out.is_symlink():
+        raise IndexFormatError(
+            f"{out} is a symbolic link (to {os.readlink(out)}): a build replaces the directory "
+            "at --out in one rename, which would replace the link itself; pass the directory it "
+            f"points to (--out {out.resolve()}) or remove the link"
+        )
+    if not out.exists():
+        return
+    if out.is_dir() and os.path.ismount(out):
+        raise IndexFormatError(
+            f"{out} is a mount point: a build swaps a new directory into --out in one rename, "
+            f"which cannot replace a mount point; build into a directory under it (--out "
+            f"{out / 'index'})"
+        )
+    if (out / marker).is_file() and not overwrite:
+        raise IndexFormatError(f"{out} already holds an index; pass --overwrite to replace it")
+    if not out.is_dir() or (not (out / marker).is_file() and any(out.iterdir())):
+        raise IndexFormatError(
+            f"{out} exists and is not an index directory (no {marker}); refusing to replace "
+            "it: pick another path"
+        )
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, Linux), to tell a reused PID."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22: starttime
+
+
+def _alive(pid: int, start: int | None) -> bool:
+    """Whether process `pid` runs, and is the one that started at `start` (when known)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive
+    if start is None:
+        return True
+    now = _start_ticks(pid)
+    return now is None or now == start
+
+
+def _remove_strays(out: Path) -> None:
+    """Delete the work directories of builds into `out` whose owner is dead.
+
+    Called with the build lock held, so no other builder is running; a stray whose owner
+    still runs (a build by an older trace-rl, which took no lock) is left alone and named.
+    """
+    for stray in out.parent.glob(f".{out.name}.tmp-*"):
+        found = _STRAY.fullmatch(stray.name[len(out.name) + 1 :])
+        if found is not None:
+            pid, start = int(found.group(1)), found.group(2)
+            if pid != os.getpid() and _alive(pid, None if start is None else int(start)):
+                log.warning("left %s: its build (PID %d) is still running", stray, pid)
+                continue
+        if stray.is_symlink() or not stray.is_dir():
+            stray.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(stray, ignore_errors=True)
+        log.info("removed %s, left by a build that was killed", stray)
+
+
+_STRAY = re.compile(r"\.tmp-(?:old-)?(\d+)(?:-(\d+))?(?:-[0-9a-f]+)?")
+"""`.tmp-PID`, `.tmp-old-PID` (older builds), `.tmp-PID-START-TOKEN` (the owner's start)."""
+
+
 @contextlib.contextmanager
 def atomic_directory(out: str | Path, *, marker: str, overwrite: bool = True) -> Iterator[Path]:
     """Build an index in a fresh directory and put it at `out` in one step.
 
-    Yields a new empty directory beside `out`; when the block ends without an exception, it
-    takes `out`'s place by an atomic exchange of the two paths (the old index, if any, is then
-    deleted). A kill before the exchange leaves the old index and a stray `.<name>.tmp-*`
-    directory (removed by the next build); after it, the new index. An exception deletes the
-    new directory.
+    Holds the build lock of `out` (`build_lock`: a second build into `out` is refused at once,
+    naming this one's PID) and yields a new empty directory beside `out`; when the block ends
+    without an exception, it takes `out`'s place by an atomic exchange of the two paths (the
+    old index, if any, is then deleted). A kill before the exchange leaves the old index and a
+    stray `.<name>.tmp-*` directory (removed by the next build, once its owner is dead); after
+    it, the new index. An exception deletes the new directory. Before the exchange the work
+    directory must still be the one made here: one removed or replaced meanwhile (by a build
+    that took no lock) fails the build, and nothing is replaced.
 
     Args:
         out: where the index goes.
@@ -204,28 +417,59 @@ def atomic_directory(out: str | Path, *, marker: str, overwrite: bool = True) ->
         overwrite: replace an index already at `out`.
 
     Raises:
-        IndexFormatError: `out` holds an index and not `overwrite`, or holds something else.
+        IndexFormatError: `out` holds an index and not `overwrite`, holds something else, is a
+            symbolic link or a mount point; or the work directory changed under the build.
+        IndexBusyError: another build holds the lock of `out`.
     """
     out = Path(out)
-    if out.exists():
-        if (out / marker).is_file() and not overwrite:
-            raise IndexFormatError(f"{out} already holds an index; pass --overwrite to replace it")
-        if not out.is_dir() or (not (out / marker).is_file() and any(out.iterdir())):
+    check_out(out, marker=marker, overwrite=overwrite)
+    with build_lock(out):
+        check_out(out, marker=marker, overwrite=overwrite)  # as it is now that we hold the lock
+        _remove_strays(out)
+        work = out.parent / (
+            f".{out.name}.tmp-{os.getpid()}-{_start_ticks(os.getpid()) or 0}-{secrets.token_hex(3)}"
+        )
+        work.mkdir()
+        # held open for the build: the directory's inode cannot be freed and reused by one made
+        # in its place, so comparing it with what the path names before the swap is exact
+        held = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            yield work
+            _fsync_tree(work)
+            if not _same_directory(held, work):
+                raise IndexFormatError(
+                    f"the build directory {work} was removed or replaced while the index was "
+                    f"written (by another process?): {out} is left as it was; build again"
+                )
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        finally:
+            os.close(held)
+        try:
+            _swap_in(work, out)
+        except OSError as err:
+            shutil.rmtree(work, ignore_errors=True)
             raise IndexFormatError(
-                f"{out} exists and is not an index directory (no {marker}); refusing to replace "
-                "it: pick another path"
-            )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):  # left by a killed build
-        shutil.rmtree(stale, ignore_errors=True)
-    work = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    work.mkdir()
+                f"cannot put the new index at {out} ({err.strerror or err}); it is left as it "
+                "was. On a mount point or a read-only or special file system, build into a "
+                "directory under it"
+            ) from err
+        _fsync_dir(out.parent)
+
+
+def _same_directory(fd: int, path: Path) -> bool:
+    """Whether `path` still names the directory open as `fd` (not removed, not replaced)."""
+    held = os.fstat(fd)
     try:
-        yield work
-        _fsync_tree(work)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        now = path.lstat()
+    except FileNotFoundError:
+        return False
+    return held.st_nlink > 0 and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev)
+
+
+def _swap_in(work: Path, out: Path) -> None:
+    """Put `work` at `out`: a rename, or an exchange with the old index (then deleted)."""
     if not out.exists():
         os.rename(work, out)
     elif _exchange(work, out):
@@ -235,7 +479,6 @@ def atomic_directory(out: str | Path, *, marker: str, overwrite: bool = True) ->
         os.rename(out, old)
         os.rename(work, out)
         shutil.rmtree(old)
-    _fsync_dir(out.parent)
 
 
 def _fsync_tree(directory: Path) -> None:
@@ -262,6 +505,10 @@ class _Identity:
     inode: int
     size: int
     mtime_ns: int
+    ctime_ns: int
+    """the inode's change time, which every write and `utime` moves and no user can set back:
+    an in-place write that restores the mtime (`cp -p`, `rsync -t --inplace`, `touch -r`)
+    still changes it"""
 
 
 def _identity(path: Path) -> _Identity | None:
@@ -269,11 +516,14 @@ def _identity(path: Path) -> _Identity | None:
         st = path.stat()
     except OSError:
         return None
-    return _Identity(st.st_ino, st.st_size, st.st_mtime_ns)
+    return _Identity(st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class FileWatch:
-    """The identity (inode, size, mtime) of an index's files at open, to notice a change.
+    """The identity (inode, size, mtime, ctime) of an index's files at open, to notice a change.
+
+    ctime is what catches a same-size write whose mtime was put back; a `chmod`, `chown` or
+    new hard link moves it too, and is refused alike (reopen the index after one).
 
     Args:
         paths: the files an index reads after it is open.

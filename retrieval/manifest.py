@@ -13,8 +13,11 @@ Every index directory holds a `manifest.json`:
 `corpus_hash` is `retrieval.corpus.corpus_hash` of the `corpus.jsonl` beside it, and
 `index_id` is the content hash that every cache key carries. `files` is the size and SHA-256
 of every other file in the directory (`retrieval.index_files`); `read_manifest` refuses a
-directory whose files are missing, of another size or not in it. A manifest written before the
-table existed (no `files`) still opens, with a warning that its files are unchecked.
+directory whose files are missing, of another size or not in it, and a table that lacks a file
+its kind needs (`REQUIRED_FILES`: a BM25 index without `corpus.jsonl` cannot open, so a table
+without it describes a broken build). A manifest written before the table existed (no `files`)
+still opens, with a warning that its files are unchecked; `tracerl index verify` refuses it,
+since it has nothing to check against.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from retrieval.errors import IndexFormatError, IndexMismatchError
+from retrieval.errors import IndexFileError, IndexFormatError, IndexMismatchError
 from retrieval.index_files import (
     FileEntry,
     check_sizes,
@@ -41,6 +44,7 @@ from retrieval.index_files import (
 __all__ = [
     "CORPUS_NAME",
     "MANIFEST_NAME",
+    "REQUIRED_FILES",
     "SCHEMA_VERSION",
     "IndexKind",
     "IndexManifest",
@@ -54,6 +58,18 @@ SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 CORPUS_NAME = "corpus.jsonl"
 IndexKind = Literal["bm25", "dense"]
+REQUIRED_FILES: dict[str, tuple[str, ...]] = {
+    "bm25": (
+        CORPUS_NAME,
+        "bm25s/data.csc.index.npy",
+        "bm25s/indices.csc.index.npy",
+        "bm25s/indptr.csc.index.npy",
+        "bm25s/params.index.json",
+        "bm25s/vocab.index.json",
+    ),
+    "dense": (CORPUS_NAME, "index.faiss"),
+}
+"""The files an index of each kind cannot open without: its manifest's table must list them."""
 
 
 def make_index_id(kind: str, corpus_hash: str, params: dict[str, Any]) -> str:
@@ -166,7 +182,16 @@ class IndexManifest:
         Returns:
             This manifest with its `files` table.
         """
-        done = dataclasses.replace(self, files=file_table(directory, exclude={MANIFEST_NAME}))
+        table = file_table(directory, exclude={MANIFEST_NAME})
+        for name in REQUIRED_FILES.get(self.kind, ()):
+            if name not in table:  # bm25s recreates its own folder in a vanished directory
+                raise IndexFileError(
+                    Path(directory) / name,
+                    f"was not written, and a {self.kind} index needs it: the build directory "
+                    "was changed by another process during the build; nothing was saved, build "
+                    "again",
+                )
+        done = dataclasses.replace(self, files=table)
         path = Path(directory) / MANIFEST_NAME
         path.write_text(json.dumps(done.to_json(), indent=2, ensure_ascii=False) + "\n")
         return done
@@ -175,15 +200,31 @@ class IndexManifest:
         """Compare the directory's files with the table: sizes and names, and `hashes` too.
 
         Raises:
-            IndexFileError: naming the missing, resized, changed or extra file.
+            IndexFileError: naming the missing, resized, changed or extra file, or a file the
+                index's kind needs that the table does not list.
+            IndexFormatError: `hashes` is asked of a manifest with no table (nothing to
+                check the files against).
         """
         if self.files is None:
+            if hashes:
+                raise IndexFormatError(
+                    f"cannot verify {directory}: its {MANIFEST_NAME} has no file table (it was "
+                    "written before manifests listed their files), so there is nothing to check "
+                    "its files against; rebuild it (`tracerl index build --overwrite`)"
+                )
             log.warning(
                 "%s was written before index manifests listed their files: its files are not "
                 "checked; rebuild it (`tracerl index build --overwrite`) to get the checks",
                 directory,
             )
             return
+        for name in REQUIRED_FILES.get(self.kind, ()):
+            if name not in self.files:
+                raise IndexFileError(
+                    Path(directory) / name,
+                    f"is not in the manifest's file table, and a {self.kind} index cannot open "
+                    "without it: the build was interrupted or raced another; rebuild the index",
+                )
         check_sizes(directory, self.files, exclude={MANIFEST_NAME})
         if hashes:
             verify_hashes(directory, self.files)
@@ -221,6 +262,8 @@ def read_manifest(directory: str | Path) -> IndexManifest:
     """
     path = Path(directory) / MANIFEST_NAME
     if not Path(directory).is_dir():
+        if Path(directory).exists():
+            raise IndexFormatError(f"{directory} is not a directory: an index is a directory")
         raise IndexFormatError(f"index directory {directory} does not exist")
     try:
         record = json.loads(path.read_text(encoding="utf-8"))

@@ -61,6 +61,18 @@ def run_command_line(argv: list[str]) -> Outcome:
     return Outcome(code, output, escaped or "Traceback (most recent call last)" in output)
 
 
+def _flat_file(path: Path) -> Path:
+    """A 16-row faiss flat file, for the cases that need a real one to get past."""
+    if not path.exists():
+        import faiss
+        import numpy as np
+
+        flat = faiss.IndexFlatIP(8)
+        flat.add(np.random.default_rng(0).standard_normal((16, 8)).astype(np.float32))
+        faiss.write_index(flat, str(path))
+    return path
+
+
 def bad_command_lines(scratch: Path) -> dict[str, list[str]]:
     """At least three bad command lines per subcommand (files made under `scratch`)."""
     scratch.mkdir(parents=True, exist_ok=True)
@@ -74,6 +86,10 @@ def bad_command_lines(scratch: Path) -> dict[str, list[str]]:
     corpus.write_text('{"id": "0", "contents": "\\"Paris\\"\\nParis is a city."}\n')
     missing = scratch / "missing"
     under_file = a_file / "sub"  # a path no one can create: its parent is a file
+    fifo = scratch / "fifo"  # opening it for reading blocks until a writer comes: forever
+    if not fifo.exists():
+        os.mkfifo(fifo)
+    flat = _flat_file(scratch / "flat.index")
     run = ["--run-dir", str(scratch / "run")]
     cases = {
         "demo: steps not a number": ["demo", *run, "--steps", "many"],
@@ -159,6 +175,31 @@ def bad_command_lines(scratch: Path) -> dict[str, list[str]]:
         "plot: missing run": ["plot", str(missing)],
         "plot: a file as run": ["plot", str(a_file)],
         "plot: empty run folder": ["plot", str(empty)],
+        # issue 42: a hang, five internal errors and four nonsense values accepted before
+        "bench: prompt template file a FIFO": [
+            "bench", "--prompt-template-file", str(fifo), "--out", str(scratch / "b5"),
+        ],
+        "bench: seed -1": ["bench", "--seed", "-1", "--out", str(scratch / "b6")],
+        "serve-retriever: threads 0": ["serve-retriever", "--index", str(empty), "--threads", "0"],
+        "serve-retriever: threads -1": [
+            "serve-retriever", "--index", str(empty), "--threads", "-1",
+        ],
+        "train: torch-threads 0": ["train", *run, "--torch-threads", "0"],
+        "train: keep-checkpoints 0": ["train", *run, "--keep-checkpoints", "0"],
+        "index compress: nlist 100,000,000": [
+            "index", "compress", "--faiss-index", str(flat), "--out", str(scratch / "c2"),
+            "--nlist", "100000000",
+        ],
+        "index compress: threads 0": [
+            "index", "compress", "--faiss-index", str(flat), "--out", str(scratch / "c3"),
+            "--threads", "0",
+        ],
+        "index compress: threads -1": [
+            "index", "compress", "--faiss-index", str(flat), "--out", str(scratch / "c4"),
+            "--threads", "-1",
+        ],
+        "init-model: hidden size 0": ["init-model", *run, "--policy.model.hidden-size", "0"],
+        "doctor: nodes 0": ["doctor", "--nodes", "0"],
         "doctor: nodes not a number": ["doctor", "--nodes", "zero"],
         "doctor: unknown flag": ["doctor", "--no-such-flag"],
         "train: allocator not MODULE:CLASS": ["train", *run, "--allocator", "greedy"],

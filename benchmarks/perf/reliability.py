@@ -38,8 +38,16 @@ Four measurements, each against the real code paths:
   `p50_ms_normal_alone`), `normal_success_under_slowloris`, `forged_rng_state_crashes`,
   `parser_s_128kb`.
 
+- **races and lies** (issue 42; `--races`, on by default; `benchmarks.perf.races` says how each is
+  made): builds racing into one `--out` (at once, and one launched while the other saves; CLI
+  and API), degenerate generator states restored and drawn from in children with a timeout,
+  `tracerl index verify` over directories it must refuse, and BM25 indexes with flipped bits
+  served (read and `--mmap`). Keys: `concurrent_build_broken_indexes`, `forged_rng_hangs`,
+  `verify_false_passes`, `damaged_bm25_500s` (each with its count of cases).
+
 Run: `python -m benchmarks.perf.reliability --json` (`--quick`: one hung step, no properties,
-500 snapshot mutations and no other attack; `--only-integrity`: the issue-32 group alone).
+500 snapshot mutations and no other attack; `--only-integrity`: the issue-32 group alone;
+`--only-races`: the issue-42 group alone).
 """
 
 from __future__ import annotations
@@ -61,7 +69,7 @@ import httpx
 import tyro
 
 from benchmarks.meta import run_meta
-from benchmarks.perf import attacks
+from benchmarks.perf import attacks, races
 from benchmarks.perf.retrieval_server import start_server
 from envs import QATask, RetrievalFailedError, SearchQAEnv, TaskSet
 from retrieval import BM25Retriever, Document, HTTPRetriever
@@ -91,6 +99,11 @@ class Args:
     """run only those (no bad bodies, hung server, other attacks or properties)"""
     n_kills: int = 20
     """kill -9 during `tracerl index compress --overwrite`"""
+    races: bool = True
+    """run the racing builds, forged generator states, lying manifests and damaged BM25 indexes
+    (issue 42)"""
+    only_races: bool = False
+    """run only those"""
     quick: bool = False
     """a smoke test: one hung step, no property run, 500 snapshots, no other attack"""
     json: bool = False
@@ -100,6 +113,7 @@ class Args:
         if self.quick:
             self.n_steps, self.properties = 1, False
             self.attacks, self.n_snapshots, self.integrity = False, 500, False
+            self.races = False
 
 
 def _docs() -> list[Document]:
@@ -208,6 +222,8 @@ PROPERTY_TESTS = (
     "test_a_mutated_snapshot_restores_to_an_identical_replay_or_is_refused",
     "tests/retrieval/test_server_hardening.py::test_any_json_body_gets_a_2xx_or_a_4xx",
     "tests/envs/test_fork_law.py",
+    "tests/envs/test_snapshots_cannot_hang.py::"
+    "test_any_forged_state_is_refused_naming_a_field_or_draws",
 )
 
 
@@ -326,8 +342,41 @@ def integrity(args: Args, work: Path, bm25_dir: Path) -> dict[str, Any]:
     return {**out, "figures": figures}
 
 
+def races_and_lies(work: Path, bm25_dir: Path) -> dict[str, Any]:
+    """The issue-42 attacks; `figures` holds the headline keys of the last line."""
+    steps: list[tuple[str, Any]] = [
+        ("forged_rng", races.forged_rng_hangs),
+        ("verify", lambda: races.verify_false_passes(work / "verify", bm25_dir)),
+        ("damaged_bm25", lambda: races.damaged_bm25_statuses(work / "damaged")),
+        ("builds", lambda: races.concurrent_builds(work / "builds")),
+    ]
+    out = _run_steps(steps)
+    figures = {
+        "concurrent_build_broken_indexes": out["builds"]["broken"],
+        "concurrent_build_trials": out["builds"]["n_trials"],
+        "forged_rng_hangs": out["forged_rng"]["hangs"],
+        "forged_rng_states": out["forged_rng"]["n_states"],
+        "verify_false_passes": len(out["verify"]["false_passes"]),
+        "verify_cases": out["verify"]["n_cases"],
+        "damaged_bm25_500s": out["damaged_bm25"]["n_5xx"],
+        "damaged_bm25_answers": sum(out["damaged_bm25"]["statuses"].values()),
+    }
+    return {**out, "figures": figures}
+
+
 def main(args: Args) -> dict[str, Any]:
     """Run the measurements."""
+    if args.only_races:
+        with tempfile.TemporaryDirectory() as tmp:
+            bm25_dir = Path(tmp) / "bm25"
+            BM25Retriever.build(_docs()).save(bm25_dir)
+            found = races_and_lies(Path(tmp), bm25_dir)
+        return {
+            **found.pop("figures"),
+            "races": found,
+            "args": {k: str(v) for k, v in asdict(args).items()},
+            "meta": run_meta(),
+        }
     if args.only_integrity:
         with tempfile.TemporaryDirectory() as tmp:
             bm25_dir = Path(tmp) / "bm25"
@@ -356,6 +405,10 @@ def main(args: Args) -> dict[str, Any]:
             found = integrity(args, Path(tmp), index_dir)
             attack_results["figures"] |= found.pop("figures")
             attack_results["integrity"] = found
+        if args.races:
+            found = races_and_lies(Path(tmp) / "races", index_dir)
+            attack_results["figures"] |= found.pop("figures")
+            attack_results["races"] = found
     props = properties(args.profile) if args.properties else None
     return {
         **attack_results.pop("figures"),
@@ -370,7 +423,7 @@ def main(args: Args) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     """The figures, human-readable, on stderr."""
-    if "bad_bodies" not in result:  # --only-integrity: its figures only
+    if "bad_bodies" not in result:  # --only-integrity or --only-races: its figures only
         for key in sorted(k for k, v in result.items() if not isinstance(v, dict)):
             print(f"{key}: {result[key]}", file=sys.stderr)
         return

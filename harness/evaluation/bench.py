@@ -461,6 +461,8 @@ class BenchConfig(AgentArgs, DataArgs):
     def __post_init__(self) -> None:
         AgentArgs.__post_init__(self)
         DataArgs.__post_init__(self)
+        if self.seed < 0:  # numpy's seeding refuses it only after start-up, as an internal error
+            raise ValueError(f"--seed {self.seed}: must be >= 0")
 
     @property
     def env_max_turns(self) -> int:
@@ -950,6 +952,9 @@ def run_bench(
     )
 
 
+_MAX_TEMPLATE_BYTES = 1 << 20  # a prompt template is a few hundred bytes
+
+
 def _with_prompt_file(config: BenchConfig) -> BenchConfig:
     """`config` with `--prompt-template-file`'s text as its prompt template.
 
@@ -961,6 +966,13 @@ def _with_prompt_file(config: BenchConfig) -> BenchConfig:
         return config
     if config.prompt_template is not None:
         raise BenchmarkError("pass --prompt-template or --prompt-template-file, not both")
+    from retrieval.corpus import check_regular_file
+    from retrieval.errors import IndexFormatError
+
+    try:  # a FIFO would block the read until a writer came: forever, for a typo
+        check_regular_file(path, what="--prompt-template-file", max_bytes=_MAX_TEMPLATE_BYTES)
+    except IndexFormatError as err:
+        raise BenchmarkError(str(err)) from None
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:

@@ -89,6 +89,17 @@ class ModelConfig:
     """Seeds the random initialisation."""
 
     def __post_init__(self) -> None:
+        sizes = {
+            "hidden_size": self.hidden_size,
+            "n_layers": self.n_layers,
+            "head_dim": self.head_dim,
+            "n_kv_heads": self.n_kv_heads,
+            "intermediate_size": self.intermediate_size,
+            "max_positions": self.max_positions,
+        }
+        for name, value in sizes.items():
+            if value < 1:  # 0 failed 27 s later, as a division by zero
+                raise ValueError(f"{name}={value}: must be >= 1")
         if self.hidden_size % self.head_dim:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not a multiple of head_dim={self.head_dim}"

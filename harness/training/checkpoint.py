@@ -17,6 +17,7 @@ leaves either the previous checkpoint or the new one, never half of one.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -108,9 +109,9 @@ def save_checkpoint(
     final = root / f"step_{step:06d}"
 
     def write(tmp: Path) -> None:
-        torch.save(dict(model), tmp / "model.pt")
-        torch.save(dict(optimizer), tmp / "optimizer.pt")
-        torch.save(torch.get_rng_state(), tmp / "rng.pt")
+        _torch_save(dict(model), tmp / "model.pt")
+        _torch_save(dict(optimizer), tmp / "optimizer.pt")
+        _torch_save(torch.get_rng_state(), tmp / "rng.pt")
         arrays: dict[str, Any] = {k: np.asarray(v) for k, v in predictor.items()}
         np.savez(tmp / "predictor.npz", **arrays)
         record = {"schema_version": SCHEMA_VERSION, "step": step, **dict(state)}
@@ -123,6 +124,42 @@ def save_checkpoint(
         shutil.rmtree(old)
     log.info("saved checkpoint step %d to %s", step, final)
     return final
+
+
+_FULL_BELOW_BYTES = 64 << 20
+"""Free space under which a failed write is taken for a full disk."""
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """`torch.save`, with a write its zip writer could not finish reported as what it is.
+
+    torch's writer reports a full disk (or a file system that failed a write) as a
+    `RuntimeError` about its own internals ("[enforce fail at inline_container.cc:672] .
+    unexpected pos ..."), which would end a run as an internal error.
+
+    Raises:
+        OSError: `ENOSPC` ("No space left on device") when the file system is (nearly) full,
+            else `EIO`, naming the file; the checkpoint is then not written, the previous one
+            stays the latest.
+    """
+    try:
+        torch.save(obj, path)
+    except RuntimeError as err:
+        text = str(err)
+        if "inline_container" not in text and "PytorchStreamWriter" not in text:
+            raise
+        reason = text.strip().splitlines()[0][:200] if text.strip() else type(err).__name__
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            free = None
+        if free is not None and free < _FULL_BELOW_BYTES:
+            raise OSError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)}: writing {path} ({free / 2**20:.1f} MiB free; "
+                f"torch: {reason}); free some space and rerun with --resume",
+            ) from err
+        raise OSError(errno.EIO, f"cannot write {path} (torch: {reason})") from err
 
 
 def _step_of(path: Path) -> int | None:

@@ -520,6 +520,10 @@ class TrainConfig(UserAllocatorFlags):
             raise PluginError("--task-source-kwargs needs --task-source MODULE:CLASS")
         if self.steps < 1 or self.checkpoint_every < 1:
             raise ValueError(f"steps={self.steps}, checkpoint_every={self.checkpoint_every}: >= 1")
+        if self.keep_checkpoints < 1:  # 0 would keep none and still write them, to prune them
+            raise ValueError(f"--keep-checkpoints {self.keep_checkpoints}: must be >= 1")
+        if self.torch_threads is not None and self.torch_threads < 1:
+            raise ValueError(f"--torch-threads {self.torch_threads}: must be >= 1 (or unset)")
         shared = self.task.stream_overlap(self.steps) if self.task.source == "stream" else []
         if shared:
             raise ValueError(

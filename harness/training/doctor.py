@@ -119,6 +119,10 @@ class Target:
     """Filesystem types to count as shared besides the known network and cluster ones
     (`SHARED_FS_TYPES`: NFS, Lustre, GPFS, BeeGFS, CephFS, ...): `--shared-fs TYPE` for yours."""
 
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"--nodes {self.nodes}: must be >= 1")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Probes:

@@ -58,3 +58,16 @@ def test_quick_run_gets_a_4xx_for_every_bad_body_and_bounds_a_hung_step():
     assert result["hung_server"]["worst_step_s"] < result["hung_server"]["retry_budget_s"]
     assert result["snapshot_mutations_total"] == 500  # --quick: the one attack it runs
     assert result["snapshot_mutations_untyped_errors"] == 0, result["attacks"]["snapshots"]
+
+
+def test_the_issue_42_attacks_find_no_hang_and_no_false_pass(tmp_path: Path):
+    from benchmarks.perf import races
+    from retrieval import BM25Retriever
+
+    hangs = races.forged_rng_hangs()
+    assert hangs["hangs"] == 0 and hangs["outcomes"] == {"refused": hangs["n_states"]}
+    bm25_dir = tmp_path / "bm25"
+    BM25Retriever.build(races._bm25_docs(40)).save(bm25_dir)
+    verify = races.verify_false_passes(tmp_path / "verify", bm25_dir)
+    assert verify["false_passes"] == [], verify["cases"]
+    assert all(case["code"] == 1 for case in verify["cases"].values())

@@ -92,3 +92,42 @@ def test_a_truncated_checkpoint_file_is_one_checkpoint_error(tmp_path, name):
     with pytest.raises(CheckpointError, match="truncated or not one") as caught:
         load_checkpoint(path)
     assert "\n" not in str(caught.value)
+
+
+# -- issue 42: a full disk inside torch.save is "No space left on device", not an internal error
+
+
+def test_a_full_disk_inside_torch_save_is_reported_as_one(tmp_path, monkeypatch):
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    import torch
+
+    from benchmarks.cli import error_line, is_user_error
+    from harness.training.checkpoint import latest_checkpoint
+
+    _save(tmp_path, 1)
+    real_save = torch.save
+
+    def full(obj, path, *args, **kwargs):  # what torch's zip writer raised on a full tmpfs
+        if str(path).endswith("optimizer.pt"):
+            path.write_bytes(b"PK" * 100)
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 897024")
+        return real_save(obj, path, *args, **kwargs)
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(1 << 30, 1 << 30, 4096))
+    with pytest.raises(OSError) as caught:
+        _save(tmp_path, 2)
+    assert caught.value.errno == errno.ENOSPC
+    assert is_user_error(caught.value)  # one line, exit 2: no "(an internal error ...)"
+    assert "No space left on device" in error_line(caught.value)
+    assert "optimizer.pt" in error_line(caught.value)
+    assert latest_checkpoint(tmp_path).name == "step_000001"  # the previous one stays
+    # with room on the disk, the failed write is still an OSError naming the file
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(1 << 40, 0, 1 << 40))
+    with pytest.raises(OSError, match=r"cannot write .*optimizer\.pt") as caught:
+        _save(tmp_path, 2)
+    assert caught.value.errno == errno.EIO

@@ -256,3 +256,56 @@ def synthetic_index(tmp_path_factory):
 @pytest.fixture(scope="session")
 def query_maker():
     return synthetic_queries
+
+
+class AppServer:
+    """An ASGI app served by uvicorn in a thread, on a listening socket the test owns.
+
+    The socket is bound to 127.0.0.1 port 0 (the OS picks the port) by the caller, and each
+    server gets a duplicate of it: stopping one server closes its duplicate only, so the port
+    stays bound, connections queue in its backlog, and the next server started on the same
+    socket is a server restarted at the same URL.
+    """
+
+    def __init__(self, app, sock) -> None:
+        import uvicorn
+
+        self._sock = sock.dup()
+        config = uvicorn.Config(app, log_level="error", access_log=False)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+
+    def __enter__(self) -> AppServer:
+        import time
+
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:  # the lifespan (the batcher) is up once this is set
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the app server did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self._sock.close()
+
+
+@pytest.fixture
+def listening_socket():
+    """A TCP socket listening on 127.0.0.1, its port picked by the OS; closed after the test."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    yield sock
+    sock.close()
+
+
+@pytest.fixture(scope="session")
+def app_server_cls() -> type[AppServer]:
+    return AppServer

@@ -471,8 +471,7 @@ def test_verify_names_a_file_changed_in_place(tmp_path: Path) -> None:
     CompressedIndex(directory)  # opening checks sizes only
     with pytest.raises(IndexFileError, match=r"lists\.codes has SHA-256 .* changed after"):
         check_compressed_files(directory, hashes=True)
-    with pytest.raises(SystemExit, match=r"^tracerl index: .*lists\.codes has SHA-256"):
-        index_command(["verify", str(directory)])
+    assert index_command(["verify", str(directory)]) == 1
 
 
 def test_files_changed_under_an_open_index_are_refused_not_a_crash(tmp_path: Path) -> None:

@@ -200,32 +200,53 @@ def test_a_deadline_ends_the_retries_of_a_hung_server_sync_and_async():
             r.close()
 
 
-def test_a_client_follows_a_server_restarted_with_another_index(toy_bm25, toy_docs):
-    from fastapi.testclient import TestClient
-
+def test_a_client_follows_a_server_restarted_with_another_index(
+    toy_bm25, toy_docs, listening_socket, app_server_cls
+):
     from retrieval import BM25Retriever
     from retrieval.server import create_app
 
     other = BM25Retriever.build(toy_docs[4:])  # another index, served on the same URL
-    http = HTTPRetriever("http://testserver")
+    url = f"http://127.0.0.1:{listening_socket.getsockname()[1]}"
+    http = HTTPRetriever(url)
     cached = CachedRetriever(http)
-    try:
-        with TestClient(create_app(toy_bm25)) as first:
-            http._client = first  # the server's app in process, at the client's URL
-            assert cached.index_id == toy_bm25.index_id
-            assert cached.search(["capital of Italy"], 2) == toy_bm25.search(
-                ["capital of Italy"], 2
-            )
-        with TestClient(create_app(other)) as restarted:
-            http._client = restarted
-            cached.search(["Konrad Zuse"], 2)  # a miss: the answer names the new index
-            assert http.index_id == cached.index_id == other.index_id
-            # the hit cached from the old index is dropped, not mixed with the new one's
-            assert cached.search(["capital of Italy", "mountains"], 2) == other.search(
-                ["capital of Italy", "mountains"], 2
-            )
-    finally:
-        http._client = None
+    queries = ["capital of Italy", "mountains"]
+    with app_server_cls(create_app(toy_bm25), listening_socket):
+        assert cached.index_id == toy_bm25.index_id
+        assert cached.search(queries, 2) == toy_bm25.search(queries, 2)
+        assert cached.search(queries, 2) == toy_bm25.search(queries, 2)  # from the cache
+    with app_server_cls(create_app(other), listening_socket):  # restarted, same address
+        # every query is cached from the old index: the cache still asks the server which
+        # index it serves, and empties itself before answering
+        assert cached.search(queries, 2) == other.search(queries, 2)
+        assert http.index_id == cached.index_id == other.index_id
+        assert cached.stats().n_entries == 2  # the new index's, fetched again
+        cached.search(["Konrad Zuse"], 2)  # a miss: the answer names the index too
+        assert cached.search(queries, 2) == other.search(queries, 2)
+    http.close()
+
+
+def test_a_cache_answer_waits_for_the_server_to_confirm_its_index(
+    toy_bm25, listening_socket, app_server_cls
+):
+    from retrieval.server import create_app
+
+    url = f"http://127.0.0.1:{listening_socket.getsockname()[1]}"
+    strict = HTTPRetriever(url, max_attempts=1, breaker_s=0)
+    window = HTTPRetriever(url, max_attempts=1, breaker_s=0, index_check_s=3600)
+    with app_server_cls(create_app(toy_bm25), listening_socket):
+        for http in (strict, window):
+            CachedRetriever(http).search(["capital of Italy"], 2)
+        caches = [CachedRetriever(strict), CachedRetriever(window)]
+        for cache in caches:
+            cache.search(["capital of Italy"], 2)
+    listening_socket.close()  # no server now: nothing can confirm the cached entries
+    with pytest.raises(RetrieverUnavailable):
+        caches[0].search(["capital of Italy"], 2)
+    # within its window, the other serves its entries without asking
+    assert caches[1].search(["capital of Italy"], 2) == toy_bm25.search(["capital of Italy"], 2)
+    for http in (strict, window):
+        http.close()
 
 
 def test_a_hung_server_costs_one_deadline_then_the_breaker_fails_calls_at_once():

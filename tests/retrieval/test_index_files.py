@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -69,8 +70,10 @@ def test_verify_finds_a_byte_changed_in_place(saved: Path, capsys: pytest.Captur
     data = bytearray(corpus.read_bytes())
     data[data.index(b"Paris")] = ord("B")  # same size: only the hash sees it
     corpus.write_bytes(bytes(data))
-    with pytest.raises(SystemExit, match=r"corpus\.jsonl has SHA-256 .* changed after the build"):
-        index_command(["verify", str(saved)])
+    assert index_command(["verify", str(saved)]) == 1  # a finding, not a usage error (2)
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert re.search(r"^tracerl index verify: .*corpus\.jsonl has SHA-256 .* changed after", err)
 
 
 def test_a_failed_save_keeps_the_old_index_whole(saved: Path, toy_docs) -> None:
