@@ -118,10 +118,11 @@ def test_the_comment_form_of_a_hit_is_keyword_too():
 
 def test_the_extending_pages_member_tables_match_the_protocols():
     """docs/extending.md lists each protocol's methods as `name(args)`: the code's parameters."""
+    from envs import Tool
     from harness.policies import PolicyBackend
     from harness.training import TaskSource
 
-    owners = (trace_alloc.Allocator, TaskSource, PolicyBackend)
+    owners = (trace_alloc.Allocator, TaskSource, PolicyBackend, Tool)
     text = (ROOT / "docs" / "extending.md").read_text(encoding="utf-8")
     rows = re.findall(r"^\| `(\w+)\(([^)]*)\)[^`]*` \|", text, re.M)
     checked = set()
@@ -132,4 +133,4 @@ def test_the_extending_pages_member_tables_match_the_protocols():
         code = [n for n, _ in _code_signature(getattr(owner, name)) if n != "self"]
         assert documented == code, f"docs/extending.md: {name}({args}) but the code has {code}"
         checked.add(name)
-    assert {"ask", "train_indices", "corpus", "seed"} <= checked
+    assert {"ask", "train_indices", "corpus", "seed", "parse", "run"} <= checked

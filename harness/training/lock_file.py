@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
+import sysconfig
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,9 +70,14 @@ def read_lock(path: Path) -> dict[str, str]:
 
 
 def installed_versions() -> dict[str, str]:
-    """The installed distributions of this interpreter, by canonical name."""
+    """The distributions installed in this interpreter's site-packages, by canonical name.
+
+    Only site-packages: setuptools puts its vendored copies (packaging, jaraco, ...) on `sys.path`
+    once it is imported, and they are not installed packages.
+    """
+    paths = list(dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib")))
     versions: dict[str, str] = {}
-    for dist in importlib.metadata.distributions():
+    for dist in importlib.metadata.distributions(path=paths):
         name = dist.metadata["Name"]
         if name:
             versions[canonical(name)] = dist.version
