@@ -57,12 +57,14 @@ __all__ = [
     "OraclePlan",
     "PolicyAgent",
     "ScriptedAgent",
+    "TranscriptState",
     "check_endpoint",
     "close_open_tag",
     "failed_reply",
     "oracle_plans",
     "reply_action",
     "reply_tokens",
+    "submit_transcript",
 ]
 
 log = logging.getLogger(__name__)
@@ -550,9 +552,30 @@ class EndpointAgent(abc.ABC):
 
 
 @dataclass(kw_only=True)
-class _TextState(EndpointState):
+class TranscriptState(EndpointState):
+    """An episode as one text transcript (completions) and as the same turns in chat messages."""
+
     transcript: str
     messages: list[dict[str, str]]
+
+    def add(
+        self, role: Literal["user", "assistant"], text: str, message: str | None = None
+    ) -> None:
+        """Append `text` to the transcript and as a `role` message (`message` if it differs)."""
+        self.transcript += text
+        self.messages.append({"role": role, "content": text if message is None else message})
+
+
+def submit_transcript(
+    client: OpenAICompatClient,
+    api: Literal["completions", "chat"],
+    state: TranscriptState,
+    sampling: SamplingParams,
+) -> ReplyFuture[TextCompletion | EndpointRejected]:
+    """Send the episode so far: its messages to a chat API, its transcript to a completions one."""
+    if api == "chat":
+        return client.submit_chat(state.messages, sampling)
+    return client.submit_complete(state.transcript, sampling)
 
 
 class HTTPAgent(EndpointAgent):
@@ -593,32 +616,27 @@ class HTTPAgent(EndpointAgent):
             "chat_template": self.prompt_wrapper is not None,
         }
 
-    def start(self, prompt: str, info: Mapping[str, Any]) -> _TextState:
+    def start(self, prompt: str, info: Mapping[str, Any]) -> TranscriptState:
         """The transcript starts with the prompt."""
         text = prompt if self.prompt_wrapper is None else self.prompt_wrapper(prompt)
-        return _TextState(
+        return TranscriptState(
             transcript=text,
             messages=[{"role": "user", "content": prompt}],
             task_id=str(info.get("task_id", "")),
         )
 
     def _send(
-        self, state: _TextState, observation: str, info: Mapping[str, Any]
+        self, state: TranscriptState, observation: str, info: Mapping[str, Any]
     ) -> ReplyFuture[TextCompletion | EndpointRejected]:
         """Append the observation; send the episode's transcript."""
         if observation:
-            state.transcript += observation
-            state.messages.append({"role": "user", "content": observation})
-        sampling = self._sampling_for(state)
-        if self.api == "chat":
-            return self.client.submit_chat(state.messages, sampling)
-        return self.client.submit_complete(state.transcript, sampling)
+            state.add("user", observation)
+        return submit_transcript(self.client, self.api, state, self._sampling_for(state))
 
-    def _reply_action(self, state: _TextState, reply: TextCompletion) -> AgentAction:
+    def _reply_action(self, state: TranscriptState, reply: TextCompletion) -> AgentAction:
         """The reply's action text, appended to the episode's transcript."""
         text = _action_text(reply)
-        state.transcript += text
-        state.messages.append({"role": "assistant", "content": text})
+        state.add("assistant", text)
         return reply_action(reply, text)
 
 

@@ -29,7 +29,14 @@ from typing import Any, Literal
 
 from envs.tools import ANSWER, SearchTool, Tool, ToolCall
 from harness.errors import EndpointRejected
-from harness.evaluation.agents import AgentAction, EndpointAgent, EndpointState, reply_action
+from harness.evaluation.agents import (
+    AgentAction,
+    EndpointAgent,
+    EndpointState,
+    TranscriptState,
+    reply_action,
+    submit_transcript,
+)
 from harness.policies.base import SamplingParams
 from harness.policies.openai_compat import OpenAICompatClient, ReplyFuture, TextCompletion
 
@@ -268,12 +275,6 @@ def _react_observation(observation: str, info: Mapping[str, Any]) -> str:
     return " ".join((tagged.group(2) if tagged else text).split())
 
 
-@dataclass(kw_only=True)
-class _ReActState(EndpointState):
-    transcript: str
-    messages: list[dict[str, str]]
-
-
 class ReActAgent(_ToolAgent):
     """A model playing ReAct's text format over an OpenAI-compatible endpoint (module doc).
 
@@ -304,33 +305,28 @@ class ReActAgent(_ToolAgent):
         """The shared settings, the protocol and the API kind."""
         return {**super().settings(), "protocol": "react", "api": self.api}
 
-    def start(self, prompt: str, info: Mapping[str, Any]) -> _ReActState:
+    def start(self, prompt: str, info: Mapping[str, Any]) -> TranscriptState:
         """ReAct's few-shot prompt for the question (the env's own prompt is not used)."""
         text = react_prompt(str(info["question"]), self.tools)
-        return _ReActState(
+        return TranscriptState(
             transcript=text,
             messages=[{"role": "user", "content": text}],
             task_id=str(info.get("task_id", "")),
         )
 
     def _send(
-        self, state: _ReActState, observation: str, info: Mapping[str, Any]
+        self, state: TranscriptState, observation: str, info: Mapping[str, Any]
     ) -> ReplyFuture[TextCompletion | EndpointRejected]:
         """Append the observation as `Observation n:`; continue the transcript."""
         n = state.n_calls  # replies so far: a failed one ended the episode
         if n:
             text = f"\nObservation {n}: {_react_observation(observation, info)}\n"
             step = f"Thought {n + 1}:"
-            state.transcript += text + step
-            state.messages.append({"role": "user", "content": text.strip() + "\n" + step})
-        sampling = self._sampling_for(state)
-        if self.api == "chat":
-            return self.client.submit_chat(state.messages, sampling)
-        return self.client.submit_complete(state.transcript, sampling)
+            state.add("user", text + step, message=text.strip() + "\n" + step)
+        return submit_transcript(self.client, self.api, state, self._sampling_for(state))
 
-    def _reply_action(self, state: _ReActState, reply: TextCompletion) -> AgentAction:
+    def _reply_action(self, state: TranscriptState, reply: TextCompletion) -> AgentAction:
         """The reply's text, appended; its first action as a tool call."""
         text = reply.text.removesuffix("\nObservation")  # vLLM keeps the stop string
-        state.transcript += text
-        state.messages.append({"role": "assistant", "content": text})
+        state.add("assistant", text)
         return reply_action(reply, text, parse_react(text, self.tools))
