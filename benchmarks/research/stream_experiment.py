@@ -251,7 +251,7 @@ def _sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> dict[st
 
 
 def _build_sets(config: StreamExperimentConfig, artifacts: Any, which: str) -> dict[str, Any]:
-    """The evaluation sets of `which`: name -> (tasks, env factory).
+    """The evaluation sets of `which`: name -> questions and env (`HeldOut`).
 
     `validation`; `test` (the curve's points); `test_final` (the test set at full samples, plus
     the fact-disjoint and decoy sets).
@@ -277,11 +277,11 @@ def _evaluate(policy_dir: Path, sets: Mapping[str, Any], config: StreamExperimen
     from harness.evaluation import evaluate_policy_dir, per_question_mean
 
     out: dict[str, Any] = {}
-    for name, (tasks, env_factory) in sets.items():
+    for name, questions in sets.items():
         report = evaluate_policy_dir(
             policy_dir,
-            env_factory,
-            tasks,
+            questions.make_env,
+            questions.tasks,
             name=f"{policy_dir} ({name})",
             max_new_tokens=artifacts.config.eval.max_action_tokens,
             seed=config.eval_seed,

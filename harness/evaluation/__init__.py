@@ -15,7 +15,8 @@ The face for Python callers; `tracerl bench` is `run_bench` behind a command lin
   `ReActAgent`;
 - **evaluation**: `evaluate(agent, env_factory, tasks)` plays the episodes and returns a
   `Report` (EM / sub-EM / F1, per dataset, question type and hop count);
-  `evaluate_policy_dir` evaluates a local transformers policy on given questions;
+  `evaluate_backend` evaluates a policy backend (the trainer's curve, the demo's table) and
+  `evaluate_policy_dir` a transformers policy folder with it; `PolicyEval` summarises a report;
 - **a whole run**: `run_bench(BenchConfig(...))` loads, indexes, evaluates and writes the report
   files, resumably (`read_finished` reads a run's finished episodes back); `corpus` is
   `tracerl corpus`;
@@ -27,13 +28,7 @@ The face for Python callers; `tracerl bench` is `run_bench` behind a command lin
 
 from typing import TYPE_CHECKING
 
-from harness.evaluation.agents import (
-    Agent,
-    DecompositionOracle,
-    HTTPAgent,
-    PolicyAgent,
-    ScriptedAgent,
-)
+from harness.evaluation.agents import DecompositionOracle, HTTPAgent, ScriptedAgent
 from harness.evaluation.bench import (
     AgentArgs,
     BenchConfig,
@@ -44,12 +39,6 @@ from harness.evaluation.bench import (
     make_agent,
     run_bench,
 )
-from harness.evaluation.evaluation import (
-    EpisodeRecord,
-    Report,
-    evaluate,
-    evaluate_policy_dir,
-)
 from harness.evaluation.report import write_reports
 from harness.evaluation.runs import read_finished
 from harness.evaluation.stats import (
@@ -59,6 +48,15 @@ from harness.evaluation.stats import (
     t_interval,
 )
 from harness.lazy import lazy_names
+from harness.rollout.agent import Agent, PolicyAgent
+from harness.rollout.evaluation import (
+    EpisodeRecord,
+    PolicyEval,
+    Report,
+    evaluate,
+    evaluate_backend,
+    evaluate_policy_dir,
+)
 
 if TYPE_CHECKING:
     from harness.evaluation.demo import (
@@ -82,6 +80,7 @@ __all__ = [
     "EpisodeRecord",
     "HTTPAgent",
     "PolicyAgent",
+    "PolicyEval",
     "Report",
     "ScriptedAgent",
     "bootstrap_mean",
@@ -89,6 +88,7 @@ __all__ = [
     "demo_test_sets",
     "demo_train_config",
     "evaluate",
+    "evaluate_backend",
     "evaluate_policy_dir",
     "evaluate_test_sets",
     "kind_em",

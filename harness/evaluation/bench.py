@@ -49,15 +49,7 @@ from envs.synthetic.config import WorldConfig
 from envs.tasks import TaskSet
 from envs.tools import SearchTool, Tool
 from harness.errors import EndpointError, EndpointRejected, HarnessError
-from harness.evaluation.agents import (
-    Agent,
-    DecompositionOracle,
-    HTTPAgent,
-    PolicyAgent,
-    ScriptedAgent,
-    oracle_plans,
-)
-from harness.evaluation.evaluation import EpisodeRecord, Report, evaluate
+from harness.evaluation.agents import DecompositionOracle, HTTPAgent, ScriptedAgent, oracle_plans
 from harness.evaluation.report import (
     ACC_NOTE,
     COLUMNS,
@@ -79,6 +71,8 @@ from harness.policies.policy_protocol import (
     PolicyProtocolError,
     read_policy_protocol,
 )
+from harness.rollout.agent import Agent, PolicyAgent
+from harness.rollout.evaluation import EpisodeRecord, Report, evaluate
 from retrieval import (
     BM25Retriever,
     CachedRetriever,
@@ -435,13 +429,14 @@ class BenchConfig(AgentArgs, DataArgs):
     """`--tool MODULE:CLASS` (repeatable): a tool next to search (an `envs.Tool` subclass
     built with no arguments, e.g. `envs.tools:CalculatorTool`)."""
     max_turns: int | None = None
-    """Actions per episode. Unset: the policy's, else 4, or 5 with `--protocol search-r1` (its
-    `max_turns=4` is four search rounds plus a final answer-only round)."""
+    """Actions per episode. Unset: the policy's, else `SearchQAConfig`'s, or 5 with `--protocol
+    search-r1` (its `max_turns=4` is four search rounds plus a final answer-only round)."""
     top_k: Annotated[int | None, tyro.conf.arg(aliases=("--topk",))] = None
-    """Documents per search (`--topk`, Search-R1's spelling, too). Unset: the policy's, else 3."""
+    """Documents per search (`--topk`, Search-R1's spelling, too). Unset: the policy's, else
+    `SearchQAConfig`'s."""
     max_doc_chars: int | None = None
     """Each document is cut to this many characters (trace-rl protocol). Unset: the policy's,
-    else 2,000."""
+    else `SearchQAConfig`'s."""
     reward: RewardKind = "em"
     """The env's reward (EM / sub-EM / F1 are reported whatever it is)."""
     seed: int = 0
@@ -465,13 +460,6 @@ class BenchConfig(AgentArgs, DataArgs):
             raise ValueError(f"--seed {self.seed}: must be >= 0")
 
     @property
-    def env_max_turns(self) -> int:
-        """`--max-turns`, or the protocol's default."""
-        if self.max_turns is not None:
-            return self.max_turns
-        return 5 if self.protocol == "search-r1" else 4
-
-    @property
     def env_protocol(self) -> Protocol:
         """The env's text protocol: `--protocol` search-r1, else trace-rl."""
         return "search-r1" if self.protocol == "search-r1" else "trace-rl"
@@ -481,10 +469,30 @@ class BenchConfig(AgentArgs, DataArgs):
         """`--protocol`, or trace-rl."""
         return self.protocol or "trace-rl"
 
-    @property
-    def env_top_k(self) -> int:
-        """`--top-k`, or 3."""
-        return 3 if self.top_k is None else self.top_k
+    def env_settings(self) -> SearchQAConfig:
+        """The env these flags describe: the one env-settings type, `tracerl train`'s too.
+
+        Each flag that is set replaces its field; an unset one keeps `SearchQAConfig`'s
+        default, except `max_turns` under `--protocol search-r1`: 5, Search-R1's four search
+        rounds and its final answer-only round.
+
+        Raises:
+            EnvConfigError: a value the env refuses (checked before any question is loaded).
+        """
+        given: dict[str, Any] = {
+            "max_turns": self.max_turns,
+            "top_k": self.top_k,
+            "max_doc_chars": self.max_doc_chars,
+            "prompt_template": self.prompt_template,
+        }
+        if self.max_turns is None and self.env_protocol == "search-r1":
+            given["max_turns"] = 5
+        return SearchQAConfig(
+            reward=self.reward,
+            protocol=self.env_protocol,
+            tools=self.tool,
+            **{k: v for k, v in given.items() if v is not None},
+        )
 
 
 def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[str, Any]]:
@@ -532,7 +540,7 @@ def _retriever(config: BenchConfig, data: LoadedData) -> tuple[Retriever, dict[s
         "index_id": retriever.index_id,
         "manifest": _manifest_json(manifest, built_now=config.index is None and not url),
         "n_documents": len(documents) if documents is not None else _n_documents(manifest),
-        "top_k": config.env_top_k,
+        "top_k": config.env_settings().top_k,
         # `tracerl corpus` ids: the pooled paragraphs shipped with the questions themselves
         "distractor_pool": documents is not None
         and all(_PARAGRAPH_ID.fullmatch(d.doc_id) for d in documents),
@@ -891,13 +899,13 @@ class _Setup:
     data: LoadedData
     retriever: Retriever
     tasks: TaskSet
-    env_kwargs: dict[str, Any]
+    env_config: SearchQAConfig
     meta: dict[str, Any]
     agents: list[Agent]
     planless: set[str]
 
     def env(self) -> SearchQAEnv:
-        return SearchQAEnv(self.tasks, self.retriever, **self.env_kwargs)
+        return self.env_config.make_env(self.tasks, self.retriever)
 
 
 def run_bench(
@@ -1061,18 +1069,7 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
     data = load_data(config)
     retriever, retriever_meta = _retriever(config, data)
     tasks = _recall_tasks(data.dataset.tasks, retriever)
-    env_kwargs: dict[str, Any] = {
-        "max_turns": config.env_max_turns,
-        "top_k": config.env_top_k,
-        "reward": config.reward,
-        "protocol": config.env_protocol,
-        "tools": config.tool,
-    }
-    if config.prompt_template is not None:
-        env_kwargs["prompt_template"] = config.prompt_template
-    if config.max_doc_chars is not None:
-        env_kwargs["max_doc_chars"] = config.max_doc_chars
-    probe = SearchQAEnv(tasks, retriever, **env_kwargs)  # validates the settings and tools
+    probe = config.env_settings().make_env(tasks, retriever)  # builds and checks the tools
     env_config = probe.config
     meta = _meta(config, command, data, retriever_meta, env_config)
     meta["created_at"] = state.created_at
@@ -1094,7 +1091,7 @@ def _set_up(config: BenchConfig, command: list[str]) -> _Setup:
             "paragraphs, as in Bamboogle or NQ), so it could only copy the gold answer; "
             "drop it for these datasets"
         )
-    return _Setup(state, data, retriever, tasks, env_kwargs, meta, agents, planless)
+    return _Setup(state, data, retriever, tasks, env_config, meta, agents, planless)
 
 
 def _play(

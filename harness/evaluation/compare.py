@@ -27,9 +27,9 @@ import numpy as np
 import tyro
 
 from envs.qa_datasets import BenchmarkError
-from harness.evaluation.evaluation import EpisodeRecord
 from harness.evaluation.runs import read_finished, write_atomic
 from harness.evaluation.stats import Estimate, bootstrap_mean, paired_difference
+from harness.rollout.evaluation import EpisodeRecord
 
 __all__ = ["CompareConfig", "Row", "bench_compare", "compare_agents", "load_runs"]
 

@@ -4,7 +4,7 @@
    (`harness.tiny_policy.init_model`: the shipped warm start, or one cached under
    `RUN_DIR/tiny_policy`, or a fresh build for another recipe);
 2. **before**: evaluate it at temperature 1 on three held-out sets
-   (`harness.training.task_sources`), with `harness.evaluation.evaluation.evaluate` (what `tracerl
+   (`harness.training.task_sources`), with `harness.rollout.evaluation.evaluate` (what `tracerl
    bench` runs):
    - `unseen`: questions of worlds no policy ever trained on, each over its own index (the
      primary set: it measures searching and reading, not memory);
@@ -36,12 +36,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from envs.tasks import QATask
-from harness.evaluation.evaluation import Report, evaluate_policy_dir
 from harness.evaluation.report import write_reports
 from harness.evaluation.stats import bootstrap_mean, paired_difference, per_question_mean
+from harness.rollout.evaluation import Report, evaluate_policy_dir
+
+if TYPE_CHECKING:
+    from harness.training.task_sources import HeldOut
 
 __all__ = [
     "TEST_SETS",
@@ -100,7 +102,10 @@ class DemoConfig:
     curve_every: int = 20
     """RL steps between the learning curve's unseen-world evaluations (0: no curve)."""
     curve_questions: int = 80
-    """Unseen-world questions at each point of the learning curve (one T=1 sample each)."""
+    """Unseen-world questions at each point of the learning curve: the first ones of the
+    unseen set, as the table takes them (so equal counts give the table's figures)."""
+    curve_samples: int = 1
+    """T=1 samples per question at each point of the learning curve."""
     eval_temperature: float = 1.0
     """Sampled EM at the policy's own temperature (RL changes the sampled policy)."""
     seed: int = 0
@@ -120,6 +125,7 @@ class DemoConfig:
             "decoy_questions": self.decoy_questions,
             "decoy_samples": self.decoy_samples,
             "curve_questions": self.curve_questions,
+            "curve_samples": self.curve_samples,
         }
         for name, value in counts.items():
             if value < 1:
@@ -133,44 +139,21 @@ class DemoConfig:
             raise ValueError(f"--eval-temperature must be positive, got {self.eval_temperature}")
 
 
-class _CorpusRouter:
-    """The envs of several corpora as one env: `reset` picks the corpus that holds the question.
-
-    A test set of many worlds (the fact-disjoint set: 35 worlds of a few questions each) is then
-    one evaluation, its episodes batched together, not one small batch per world. Each
-    corpus's env is built on its first question.
-    """
-
-    def __init__(self, corpora: Sequence[Any], corpus_of: dict[str, int], settings: Any) -> None:
-        self._corpora, self._corpus_of, self._settings = corpora, corpus_of, settings
-        self._envs: dict[int, Any] = {}
-        self._env: Any = None
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any]) -> Any:
-        i = self._corpus_of[options["task_id"]]
-        if i not in self._envs:
-            self._envs[i] = self._corpora[i].make_env(self._settings)
-        self._env = self._envs[i]
-        return self._env.reset(seed=seed, options=options)
-
-    def step(self, action: str) -> Any:
-        return self._env.step(action)
-
-
 def demo_test_sets(
     artifacts: Any,
     config: DemoConfig,
     *,
     unseen_world_seeds: Sequence[int] | None = None,
     names: Sequence[str] = TEST_SETS,
-) -> dict[str, tuple[list[QATask], Any]]:
-    """Each test set's questions (each repeated once per sample) and its env factory.
+) -> dict[str, HeldOut]:
+    """Each test set's questions (each repeated once per sample) and its env.
 
-    A set of several corpora (one per world) takes its questions equally from each, and its
-    env routes each question to its own world's index (`_CorpusRouter`). `unseen_world_seeds`
-    replaces the unseen set's worlds (`TaskConfig.unseen_world_seeds`); `names` picks sets.
+    A set of several corpora (one per world) takes its questions equally from each
+    (`held_out`, as the training curve does), and its env routes each question to its own
+    world's index. `unseen_world_seeds` replaces the unseen set's worlds
+    (`TaskConfig.unseen_world_seeds`); `names` picks sets.
     """
-    from harness.training.task_sources import eval_set
+    from harness.training.task_sources import eval_set, held_out
 
     task = _task_config(config, artifacts)
     if unseen_world_seeds is not None:
@@ -180,20 +163,7 @@ def demo_test_sets(
         "fact_disjoint": (config.fact_disjoint_questions, config.fact_disjoint_samples),
         "decoy": (config.decoy_questions, config.decoy_samples),
     }
-    sets: dict[str, tuple[list[QATask], Any]] = {}
-    for name in names:
-        n, samples = sizes[name]
-        corpora = eval_set(task, name)
-        per_corpus = -(-n // len(corpora))  # equally from each world, n in all
-        chosen = [t for c in corpora for t in c.tasks[:per_corpus]][:n]
-        corpus_of = {t.task_id: i for i, c in enumerate(corpora) for t in c.tasks}
-        sets[name] = (
-            [t for t in chosen for _ in range(samples)],
-            lambda corpora=corpora, corpus_of=corpus_of: _CorpusRouter(
-                corpora, corpus_of, task.env
-            ),
-        )
-    return sets
+    return {name: held_out(eval_set(task, name), *sizes[name], task.env) for name in names}
 
 
 def kind_em(report: Report) -> dict[str, float]:
@@ -296,15 +266,16 @@ def demo_train_config(config: DemoConfig, artifacts: Any) -> Any:
             every=config.curve_every,
             sets=("unseen",),
             n_questions=config.curve_questions,
-            n_samples=1,
+            n_samples=config.curve_samples,
             temperature=config.eval_temperature,
+            seed=config.seed,
         ),
     )
 
 
 def evaluate_test_sets(
     policy_dir: Path,
-    test_sets: dict[str, tuple[list[QATask], Any]],
+    test_sets: dict[str, HeldOut],
     *,
     name: str,
     config: DemoConfig,
@@ -318,15 +289,15 @@ def evaluate_test_sets(
     return {
         test_set: evaluate_policy_dir(
             policy_dir,
-            env_factory,
-            tasks,
+            questions.make_env,
+            questions.tasks,
             name=f"{name} ({test_set})",
             temperature=config.eval_temperature,
             max_new_tokens=max_new_tokens,
             seed=config.seed,
             progress=config.progress,
         )
-        for test_set, (tasks, env_factory) in test_sets.items()
+        for test_set, questions in test_sets.items()
     }
 
 

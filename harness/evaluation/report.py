@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from harness.evaluation.evaluation import SCHEMA_VERSION, Metrics, Report
 from harness.evaluation.runs import write_atomic
+from harness.rollout.evaluation import SCHEMA_VERSION, Metrics, Report
 
 __all__ = [
     "ACC_NOTE",
@@ -101,7 +101,7 @@ def _cell(value: float | None, spec: str) -> str:
 def markdown_table(reports: Sequence[Report], group: Group) -> str:
     """One Markdown table: a row per (agent, group), a column per metric.
 
-    >>> from harness.evaluation.evaluation import EpisodeRecord
+    >>> from harness.rollout.evaluation import EpisodeRecord
     >>> ep = EpisodeRecord(task_id="q", dataset="d", question="?", golden_answers=("a",),
     ...     question_type="t", n_hops=2, answer="a", em=1.0, sub_em=1.0, f1=1.0, end="answer",
     ...     n_tool_calls=1, n_tokens=0, retrieved_doc_ids=(), supporting_doc_ids=(), turns=())

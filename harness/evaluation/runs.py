@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from envs.qa_datasets import BenchmarkError
-from harness.evaluation.evaluation import EpisodeRecord
+from harness.rollout.evaluation import EpisodeRecord
 
 __all__ = [
     "RUN_NAME",

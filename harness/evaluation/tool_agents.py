@@ -30,7 +30,6 @@ from typing import Any, Literal
 from envs.tools import ANSWER, SearchTool, Tool, ToolCall
 from harness.errors import EndpointRejected
 from harness.evaluation.agents import (
-    AgentAction,
     EndpointAgent,
     EndpointState,
     TranscriptState,
@@ -39,6 +38,7 @@ from harness.evaluation.agents import (
 )
 from harness.policies.base import SamplingParams
 from harness.policies.openai_compat import OpenAICompatClient, ReplyFuture, TextCompletion
+from harness.rollout.agent import AgentAction
 
 __all__ = [
     "REACT_EXAMPLES",

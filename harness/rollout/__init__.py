@@ -2,8 +2,12 @@
 
 - **episodes** (`episodes.py`): `EpisodeCodec` (env text to token ids, never re-tokenised),
   `LiveEpisode` (a running episode that can fork), `start_episodes`, `advance` and
-  `apply_turn` (one batched turn), `run_episodes` and `evaluate_policy` (whole episodes),
-  `question_kind`;
+  `apply_turn` (one batched turn), `run_episodes` (whole episodes), `question_kind`;
+- **agents and the evaluator** (`agent.py`, `evaluation.py`): the `Agent` protocol and
+  `PolicyAgent` (a `PolicyBackend` behind it); `evaluate` plays one episode per question and
+  scores it into a `Report`, and `evaluate_backend` is that for a policy backend: the one
+  evaluator of the trainer's held-out curve, the demo's table and `tracerl bench` (faced by
+  `harness.evaluation`);
 - **the tree-rollout engine** (`engine.py`): `TreeRolloutEngine`, the `trace_alloc.Executor`
   over any `PolicyBackend`; `leaves_to_train` and `failed_leaves` sort its leaves;
 - **featurizers** (`featurizers.py`): `MiniLMFeaturizer`, the predictor's sentence features.
@@ -17,10 +21,8 @@ from harness.rollout.episodes import (
     EpisodeCodec,
     LiveEpisode,
     PlayedTurn,
-    PolicyEval,
     advance,
     apply_turn,
-    evaluate_policy,
     question_kind,
     run_episodes,
     start_episodes,
@@ -42,11 +44,9 @@ __all__ = [
     "LiveEpisode",
     "MiniLMFeaturizer",
     "PlayedTurn",
-    "PolicyEval",
     "TreeRolloutEngine",
     "advance",
     "apply_turn",
-    "evaluate_policy",
     "failed_leaves",
     "leaves_to_train",
     "question_kind",

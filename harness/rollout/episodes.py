@@ -10,7 +10,8 @@ The pieces are meant to be reused by the tree-rollout engine:
 - `EpisodeCodec` turns env text into token ids (one rule for prompts, one for observations);
 - `LiveEpisode` is one running episode (env + token stream) that can `fork` at a turn boundary;
 - `advance` plays one turn of every live episode with one batched `generate` call;
-- `run_episodes` and `evaluate_policy` play whole episodes for evaluation.
+- `run_episodes` plays whole episodes (OpenRLHF's held-out experiences; evaluations with
+  metrics go through `harness.evaluation.evaluate_backend`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,10 +42,8 @@ __all__ = [
     "EpisodeCodec",
     "LiveEpisode",
     "PlayedTurn",
-    "PolicyEval",
     "advance",
     "apply_turn",
-    "evaluate_policy",
     "prefetch_searches",
     "question_kind",
     "ready_for_turn",
@@ -469,107 +467,3 @@ def run_episodes(
             bar.update(sum(e.done for e in episodes) - bar.n)
             turn += 1
     return [e.finish() for e in episodes]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PolicyEval:
-    """Exact match of a policy on a set of questions, overall and by question kind.
-
-    Attributes:
-        em: Mean EM over every episode.
-        em_by_kind: Mean EM per `question_kind`.
-        n_by_kind: Episodes per kind.
-        mixed: Share of questions whose samples got both outcomes (needs `n_samples` >= 2).
-        n_episodes: Episodes played.
-        n_samples: Episodes per question.
-        temperature: Sampling temperature (0 = greedy).
-        searches_per_episode: Mean searches.
-        answered: Share of episodes that ended with an answer.
-        generated_tokens_per_s: Policy tokens per second of wall time (generation plus env).
-    """
-
-    em: float
-    em_by_kind: dict[str, float]
-    n_by_kind: dict[str, int]
-    mixed: float
-    n_episodes: int
-    n_samples: int
-    temperature: float
-    searches_per_episode: float
-    answered: float
-    generated_tokens_per_s: float
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-safe dict."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, record: dict[str, Any]) -> PolicyEval:
-        """Inverse of `to_json`."""
-        return cls(**record)
-
-
-def evaluate_policy(
-    backend: PolicyBackend,
-    env: gym.Env[str, str],
-    task_ids: Sequence[str],
-    codec: EpisodeCodec,
-    *,
-    temperature: float = 1.0,
-    n_samples: int = 1,
-    max_new_tokens: int = 64,
-    seed: int = 0,
-    max_total_tokens: int | None = None,
-    progress: bool = False,
-) -> PolicyEval:
-    """Play `n_samples` episodes per question and report EM by question kind.
-
-    Args:
-        backend: The policy.
-        env: A forkable env whose task set holds the questions.
-        task_ids: The questions.
-        codec: Encodes prompts and observations.
-        temperature: 0 for greedy decoding; 1 for the policy's own distribution.
-        n_samples: Episodes per question.
-        max_new_tokens: Cap per action.
-        seed: Seeds the sampling.
-        max_total_tokens: See `advance`.
-        progress: Draw a progress bar.
-
-    Raises:
-        ValueError: for no questions or `n_samples` < 1.
-    """
-    if not task_ids or n_samples < 1:
-        raise ValueError(f"need questions and n_samples >= 1 (got {len(task_ids)}, {n_samples})")
-    sampling = SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens)
-    start = time.perf_counter()
-    episodes = run_episodes(
-        backend,
-        env,
-        [t for t in task_ids for _ in range(n_samples)],
-        codec,
-        sampling=sampling,
-        seed=seed,
-        max_total_tokens=max_total_tokens,
-        progress=progress,
-    )
-    elapsed = time.perf_counter() - start
-    by_kind: dict[str, list[float]] = defaultdict(list)
-    by_task: dict[str, list[float]] = defaultdict(list)
-    for e in episodes:
-        by_kind[e.kind].append(e.em)
-        by_task[e.task_id].append(e.em)
-    n = len(episodes)
-    mixed = [0.0 < sum(v) < len(v) for v in by_task.values()] if n_samples > 1 else [False]
-    return PolicyEval(
-        em=sum(e.em for e in episodes) / n,
-        em_by_kind={k: sum(v) / len(v) for k, v in sorted(by_kind.items())},
-        n_by_kind={k: len(v) for k, v in sorted(by_kind.items())},
-        mixed=sum(mixed) / len(mixed),
-        n_episodes=n,
-        n_samples=n_samples,
-        temperature=temperature,
-        searches_per_episode=sum(e.n_tool_calls for e in episodes) / n,
-        answered=sum(e.answered for e in episodes) / n,
-        generated_tokens_per_s=sum(e.n_generated_tokens for e in episodes) / max(elapsed, 1e-9),
-    )

@@ -37,11 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envs import SearchQAEnv, World
-from envs.tasks import QATask
+from envs import SearchQAConfig, SearchQAEnv, World
+from envs.tasks import QATask, TaskSet
 from harness.policies.policy_protocol import PolicyProtocol
-from harness.rollout.episodes import EpisodeCodec, PolicyEval, evaluate_policy
+from harness.rollout.episodes import EpisodeCodec
+from harness.rollout.evaluation import PolicyEval, evaluate_backend
 from harness.tiny_policy.config import TinyPolicyConfig
+from retrieval import Retriever
 from retrieval.bm25 import BM25Retriever
 
 if TYPE_CHECKING:
@@ -281,30 +283,34 @@ def init_model(
         config.sft.max_steps,
         config.sft.batch_size,
     )
-    target_env = config.env.make_env(world.tasks, BM25Retriever.build(world.documents))
-    unseen_env, unseen_ids = _unseen_set(config)
-    max_tokens = config.model.max_positions
+    target = _QuestionSet(config.env, world.tasks, BM25Retriever.build(world.documents))
+    unseen, unseen_ids = _unseen_set(config)
 
     def evaluate(
-        m: Any, env: SearchQAEnv, ids: Sequence[str], temperature: float, n: int
+        m: Any, questions: _QuestionSet, ids: Sequence[str], temperature: float, n: int
     ) -> PolicyEval:
-        return evaluate_policy(
+        start = time.perf_counter()
+        report = evaluate_backend(
             TransformersBackend(m, tokenizer, batch_size=128),
-            env,
-            ids,
-            codec,
+            tokenizer,
+            questions.make_env,
+            [questions.tasks[i] for i in ids for _ in range(n)],
+            name="warm start",
+            max_context_tokens=config.model.max_positions,
             temperature=temperature,
-            n_samples=n,
             max_new_tokens=config.eval.max_action_tokens,
             seed=config.eval.seed,
-            max_total_tokens=max_tokens,
+            batch_size=128,
+        )
+        return PolicyEval.of_report(
+            report, temperature=temperature, wall_s=time.perf_counter() - start
         )
 
     if config.eval.select_on == "target_dev":
-        dev_env, dev_ids = target_env, list(split.dev.ids)
+        dev_set, dev_ids = target, list(split.dev.ids)
         n_dev = config.eval.n_dev_samples
     else:
-        dev_env, dev_ids, n_dev = unseen_env, unseen_ids, 1
+        dev_set, dev_ids, n_dev = unseen, unseen_ids, 1
     if not dev_ids:
         raise ValueError(
             f"no dev questions to select a checkpoint on ({config.eval.select_on}); "
@@ -317,9 +323,9 @@ def init_model(
         encoded,
         config.sft,
         pad_id=tokenizer.pad_token_id,
-        evaluate=lambda m: evaluate(m, dev_env, dev_ids, 1.0, n_dev).em,
+        evaluate=lambda m: evaluate(m, dev_set, dev_ids, 1.0, n_dev).em,
         evaluate_reading=(
-            (lambda m: evaluate(m, unseen_env, reading_ids, 1.0, 1).em) if reading_ids else None
+            (lambda m: evaluate(m, unseen, reading_ids, 1.0, 1).em) if reading_ids else None
         ),
         progress=progress,
     )
@@ -336,9 +342,9 @@ def init_model(
     heldout = [*split_ids["test"], *split_ids["test_entities"]]
     n = config.eval.n_samples
     evals = {
-        "heldout_greedy": evaluate(model, target_env, heldout, 0.0, 1),
-        "heldout_sampled": evaluate(model, target_env, heldout, 1.0, n),
-        "unseen_sampled": evaluate(model, unseen_env, unseen_ids, 1.0, n),
+        "heldout_greedy": evaluate(model, target, heldout, 0.0, 1),
+        "heldout_sampled": evaluate(model, target, heldout, 1.0, n),
+        "unseen_sampled": evaluate(model, unseen, unseen_ids, 1.0, n),
     }
     for name, value in evals.items():
         log.info("%s: EM %.3f %s", name, value.em, _rounded(value.em_by_kind))
@@ -455,10 +461,22 @@ def unseen_questions(config: TinyPolicyConfig, n: int) -> tuple[World, list[str]
     return unseen, ids[:n]
 
 
-def _unseen_set(config: TinyPolicyConfig) -> tuple[SearchQAEnv, list[str]]:
+@dataclass(frozen=True, slots=True)
+class _QuestionSet:
+    """Questions over their index, with the env settings they are played under."""
+
+    settings: SearchQAConfig
+    tasks: TaskSet
+    retriever: Retriever
+
+    def make_env(self) -> SearchQAEnv:
+        return self.settings.make_env(self.tasks, self.retriever)
+
+
+def _unseen_set(config: TinyPolicyConfig) -> tuple[_QuestionSet, list[str]]:
     """Questions of a world never used for training (tests reading, not memory)."""
     unseen, ids = unseen_questions(config, config.eval.n_unseen_questions)
-    return config.env.make_env(unseen.tasks, BM25Retriever.build(unseen.documents)), ids
+    return _QuestionSet(config.env, unseen.tasks, BM25Retriever.build(unseen.documents)), ids
 
 
 def _rounded(values: dict[str, float]) -> dict[str, float]:

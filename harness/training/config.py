@@ -445,11 +445,25 @@ class EvalConfig:
     or `eval_file`), `fact_disjoint`, `unseen`, `decoy`. The first is logged as `eval/em`,
     each as `eval/NAME/em`."""
     n_questions: int = 64
-    """Questions of each held-out set (the first ones)."""
+    """Questions of each held-out set: the first ones, equally from each of its corpora
+    (`harness.training.task_sources.held_out`, as the demo's table takes them)."""
     n_samples: int = 1
     temperature: float | None = None
     """Sampling temperature of the held-out episodes (0: greedy). None: the rollout's
     (`--rollout.temperature`), so the policy is judged as it samples in training."""
+    seed: int | None = None
+    """Seeds every evaluation's sampling stream, the same at every point of the curve, so
+    two points differ by the policy, not the draw. None: the run's `--seed`."""
+    batch_size: int = 64
+    """Episodes in flight at once (the draws depend on it, as on the seed)."""
+
+    def __post_init__(self) -> None:
+        if self.every < 0 or self.n_questions < 1 or self.n_samples < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"--eval.every {self.every} must be >= 0; --eval.n-questions "
+                f"{self.n_questions}, --eval.n-samples {self.n_samples} and --eval.batch-size "
+                f"{self.batch_size} >= 1"
+            )
 
     def temperature_for(self, rollout: RolloutConfig) -> float:
         """The temperature held-out episodes are played at."""

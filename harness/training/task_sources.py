@@ -40,7 +40,7 @@ import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, get_args, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, SupportsFloat, get_args, runtime_checkable
 
 import numpy as np
 
@@ -59,7 +59,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "EVAL_SETS",
+    "CorpusRouter",
     "EvalSetName",
+    "HeldOut",
     "TaskCorpus",
     "TaskSource",
     "Tasks",
@@ -68,6 +70,7 @@ __all__ = [
     "eval_set",
     "fact_disjoint_questions",
     "fact_disjoint_set",
+    "held_out",
     "sample_pool",
     "world_corpus",
 ]
@@ -243,6 +246,76 @@ def build_tasks(
         train = _world_split(task, "train")
     return Tasks(
         train=train, eval={name: eval_set(task, name, train) for name in dict.fromkeys(eval_sets)}
+    )
+
+
+class CorpusRouter:
+    """The envs of several corpora as one env: `reset` picks the corpus that holds the question.
+
+    A held-out set of many worlds (the fact-disjoint set: 35 worlds of a few questions each)
+    is then one evaluation, its episodes batched together, not one small batch per world. Each
+    corpus's env is built on its first question.
+    """
+
+    def __init__(self, corpora: Sequence[TaskCorpus], settings: SearchQAConfig) -> None:
+        self._corpora, self._settings = corpora, settings
+        self._corpus_of = {t.task_id: i for i, c in enumerate(corpora) for t in c.tasks}
+        self._envs: dict[int, SearchQAEnv] = {}
+        self._env: SearchQAEnv | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any]
+    ) -> tuple[str, dict[str, Any]]:
+        """Reset the env of the corpus that holds `options["task_id"]`."""
+        i = self._corpus_of[options["task_id"]]
+        if i not in self._envs:
+            self._envs[i] = self._corpora[i].make_env(self._settings)
+        self._env = self._envs[i]
+        return self._env.reset(seed=seed, options=options)
+
+    def step(self, action: Any) -> tuple[str, SupportsFloat, bool, bool, dict[str, Any]]:
+        """Step the env of the question `reset` chose."""
+        if self._env is None:
+            raise RuntimeError("step before reset")
+        return self._env.step(action)
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOut:
+    """The questions one evaluation of a held-out set plays, and the env they are played in."""
+
+    tasks: list[QATask]
+    """The questions in order, each repeated once per sample."""
+    corpora: tuple[TaskCorpus, ...]
+    settings: SearchQAConfig
+
+    def make_env(self) -> CorpusRouter:
+        """An env over every corpus of the set (`evaluate`'s `env_factory`)."""
+        return CorpusRouter(self.corpora, self.settings)
+
+
+def held_out(
+    corpora: Sequence[TaskCorpus], n_questions: int, n_samples: int, settings: SearchQAConfig
+) -> HeldOut:
+    """The first `n_questions` of a held-out set, taken equally from each corpus.
+
+    The training curve (`EvalConfig`), the demo's before/after table and the experiments all
+    choose their questions here, so the same counts give the same questions.
+
+    Raises:
+        ValueError: `n_questions` or `n_samples` below 1, or no corpus.
+    """
+    if n_questions < 1 or n_samples < 1 or not corpora:
+        raise ValueError(
+            f"need corpora, n_questions >= 1 and n_samples >= 1 (got {len(corpora)} corpora, "
+            f"{n_questions}, {n_samples})"
+        )
+    per_corpus = -(-n_questions // len(corpora))  # equally from each corpus, n in all
+    chosen = [t for c in corpora for t in c.tasks[:per_corpus]][:n_questions]
+    return HeldOut(
+        tasks=[t for t in chosen for _ in range(n_samples)],
+        corpora=tuple(corpora),
+        settings=settings,
     )
 
 

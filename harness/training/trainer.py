@@ -59,7 +59,8 @@ from harness.policies import SamplingParams, TransformersBackend
 from harness.policies.base import PolicyBackend
 from harness.policies.policy_protocol import PolicyProtocol, env_fields
 from harness.rollout.engine import TreeRolloutEngine
-from harness.rollout.episodes import EpisodeCodec, evaluate_policy
+from harness.rollout.episodes import EpisodeCodec
+from harness.rollout.evaluation import PolicyEval, evaluate_backend
 from harness.tiny_policy.pipeline import ARTIFACTS_FILE
 from harness.training.checkpoint import (
     LoadedCheckpoint,
@@ -84,7 +85,7 @@ from harness.training.metrics_log import MetricsLog, read_metrics
 from harness.training.openrlhf_compat import openrlhf_losses
 from harness.training.optimizers import DeepSpeedOptimizer, make_optimizer
 from harness.training.run_guard import FailureStreak, check_retriever, failure_cause
-from harness.training.task_sources import Tasks, TaskSource, build_tasks, sample_pool
+from harness.training.task_sources import Tasks, TaskSource, build_tasks, held_out, sample_pool
 from harness.training.tree_step import TreeStep, allocator_rng
 from trace_alloc import Allocator, StepResult
 from trace_alloc.budget import Spend
@@ -490,8 +491,6 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
     # 2-4. rollout, predictor and flip calibrator, advantages: the phases both trainers share
     # (`TreeStep`); across the ranks, wave by wave, when there are several, so that every rank
     # ends with the same trees
-    if run.partitioned:
-        run.rollout_model.load_state_dict(run.optimizer.model_state_dict())
     run.rollout_model.eval()
     tree_step = run.tree_step
     sharded = ShardedExecutor(engine, ranks) if ranks.world_size > 1 else None
@@ -517,6 +516,8 @@ def _step(run: Run, progress: Progress, step: int) -> tuple[dict[str, Any], Step
         lr=lr,
         ranks=ranks,
     )
+    if run.partitioned:  # the rollout copy takes this step's weights: the evaluation reads them
+        run.rollout_model.load_state_dict(run.optimizer.model_state_dict())
     now = time.perf_counter()
     record |= {
         "perf/update_s": now - t_update,
@@ -534,35 +535,41 @@ def _evaluate(run: Run, step: int) -> dict[str, float]:
     """Sampled EM on the first `eval.n_questions` questions of each held-out set.
 
     The first set is logged as `eval/em` (and `eval/mixed`, ...), every set as `eval/NAME/em`.
-    A set of several corpora (one per unseen world) takes its questions equally from each and
-    reports the mean over all their episodes.
+    Questions and sampling are the demo table's (`held_out`, `evaluate_backend`): the policy
+    saved at this step, evaluated on the same questions with the same seed, scores the same.
     """
     config = run.config
     run.rollout_model.eval()
     record: dict[str, float] = {}
     for i, (name, corpora) in enumerate(run.tasks.eval.items()):
-        totals: dict[str, float] = {}
-        n_episodes, per_corpus = 0, -(-config.eval.n_questions // len(corpora))
-        for corpus in corpora:
-            ids = list(corpus.tasks.ids[:per_corpus])
-            result = evaluate_policy(
-                run.backend,
-                corpus.make_env(config.task.env),
-                ids,
-                run.codec,
-                temperature=config.eval.temperature_for(config.rollout),
-                n_samples=config.eval.n_samples,
-                max_new_tokens=config.rollout.max_new_tokens,
-                seed=config.seed + 7919 * step,
-                max_total_tokens=config.rollout.max_total_tokens,
-            )
-            n_episodes += result.n_episodes
-            for key in ("em", "mixed", "searches_per_episode", "answered"):
-                totals[key] = totals.get(key, 0.0) + getattr(result, key) * result.n_episodes
-        means = {key: value / n_episodes for key, value in totals.items()}
+        questions = held_out(
+            corpora, config.eval.n_questions, config.eval.n_samples, config.task.env
+        )
+        temperature, start = config.eval.temperature_for(config.rollout), time.perf_counter()
+        report = evaluate_backend(
+            run.backend,
+            run.tokenizer,
+            questions.make_env,
+            questions.tasks,
+            name=f"step {step} ({name})",
+            max_context_tokens=config.rollout.max_total_tokens,
+            temperature=temperature,
+            max_new_tokens=config.rollout.max_new_tokens,
+            seed=config.seed if config.eval.seed is None else config.eval.seed,
+            batch_size=config.eval.batch_size,
+        )
+        summary = PolicyEval.of_report(
+            report, temperature=temperature, wall_s=time.perf_counter() - start
+        )
         if i == 0:
-            record |= {f"eval/{key}": value for key, value in means.items()}
-        record[f"eval/{name}/em"] = means["em"]
+            record |= {
+                "eval/em": summary.em,
+                "eval/mixed": summary.mixed,
+                "eval/searches_per_episode": summary.searches_per_episode,
+                "eval/answered": summary.answered,
+                "eval/tokens_per_episode": report.overall.tokens,
+            }
+        record[f"eval/{name}/em"] = summary.em
     return record
 
 

@@ -109,7 +109,7 @@ def test_qatask_reads_a_string_gold_as_one_answer():
 
 
 def test_episode_record_reads_a_string_gold_as_one_answer():
-    from harness.evaluation.evaluation import EpisodeRecord
+    from harness.rollout.evaluation import EpisodeRecord
 
     record = {
         "task_id": "q", "dataset": "d", "question": "?", "golden_answers": "Paris",

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from envs import World, WorldConfig
+from envs import SearchQAConfig, World, WorldConfig
 from envs.qa_datasets.errors import BenchmarkError
 from harness.evaluation.bench import BenchConfig, run_bench, with_policy_protocol
 from harness.policies.policy_protocol import PROTOCOL_FILE, PolicyProtocol, read_policy_protocol
@@ -38,7 +38,7 @@ def test_a_folder_without_a_protocol_keeps_todays_bench(tmp_path):
     assert read_policy_protocol(tmp_path) is None
     config = BenchConfig(agent=("transformers",), model=str(tmp_path))
     assert with_policy_protocol(config) == (config, None)
-    assert (config.env_top_k, config.env_max_turns, config.env_protocol) == (3, 4, "trace-rl")
+    assert config.env_settings() == SearchQAConfig()  # the env's own defaults
 
 
 def test_a_broken_protocol_file_is_refused_naming_it(tmp_path):

@@ -9,8 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from envs import World, WorldConfig
+from harness.evaluation import PolicyEval, evaluate_backend
 from harness.policies import Completion, SamplingParams, TransformersBackend
-from harness.rollout.episodes import EpisodeCodec, evaluate_policy, run_episodes, start_episodes
+from harness.rollout.episodes import EpisodeCodec, run_episodes, start_episodes
 from harness.tiny_policy import ModelConfig, SFTConfig, tiny_env_config
 from harness.tiny_policy.demos import collect_demos, encode_demo
 from harness.tiny_policy.model import build_model, count_parameters, save_policy
@@ -241,11 +242,19 @@ def test_demo_token_layout_equals_the_episode_runner_layout(
 # -- episode runner ------------------------------------------------------------------------
 
 
-def test_evaluate_policy_scores_the_replayed_oracle(world, retriever, demos, codec, tokenizer):
+def test_evaluate_backend_scores_the_replayed_oracle(world, retriever, demos, codec, tokenizer):
     subset = demos[:20]
     backend = ReplayBackend(replay_script(subset, codec), tokenizer)
-    env = SETTINGS.make_env(list(world.tasks), retriever)
-    result = evaluate_policy(backend, env, [d.task_id for d in subset], codec, temperature=0.0)
+    report = evaluate_backend(
+        backend,
+        tokenizer,
+        lambda: SETTINGS.make_env(list(world.tasks), retriever),
+        [world.tasks[d.task_id] for d in subset],
+        name="replay",
+        max_context_tokens=4096,
+        temperature=0.0,
+    )
+    result = PolicyEval.of_report(report, temperature=0.0, wall_s=1.0)
     assert result.em == pytest.approx(sum(d.em for d in subset) / len(subset))
     assert result.n_episodes == 20 and sum(result.n_by_kind.values()) == 20
     assert result.answered == 1.0

@@ -28,16 +28,16 @@ from harness.evaluation.agents import (
     DecompositionOracle,
     HTTPAgent,
     OraclePlan,
-    PolicyAgent,
     ScriptedAgent,
     close_open_tag,
     oracle_plans,
 )
 from harness.evaluation.bench import bench
-from harness.evaluation.evaluation import evaluate
 from harness.evaluation.runs import EpisodeStream
 from harness.policies.base import Completion, SamplingParams
 from harness.policies.openai_compat import EndpointConfig, OpenAICompatClient
+from harness.rollout.agent import PolicyAgent
+from harness.rollout.evaluation import evaluate
 from retrieval import BM25Retriever, Document, write_corpus
 
 DOCS = [

@@ -124,8 +124,8 @@ def test_sample_refuses_more_than_there_are_and_a_limit_beside_it():
 
 def test_a_trajectory_line_stores_each_text_up_to_its_cap_and_names_it(tmp_path: Path) -> None:
     """A runaway reply cannot make a line huge; the line still reads back, scores intact."""
-    from harness.evaluation.evaluation import EpisodeRecord, TurnLog
     from harness.evaluation.runs import EpisodeStream, read_finished
+    from harness.rollout.evaluation import EpisodeRecord, TurnLog
 
     turn = TurnLog(action="a" * 300_000, observation="o" * 50, kind="invalid", valid=False,
                    n_tokens=9, finish_reason="length")  # fmt: skip

@@ -23,12 +23,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from envs import QATask, SearchQAEnv, TaskSet
-from harness.evaluation.agents import ConcurrentAgent
 from harness.evaluation.bench import bench
-from harness.evaluation.evaluation import evaluate
 from harness.evaluation.tool_agents import ReActAgent, ToolCallAgent, parse_react, react_prompt
 from harness.policies.base import SamplingParams
 from harness.policies.openai_compat import EndpointConfig, OpenAICompatClient
+from harness.rollout.agent import ConcurrentAgent
+from harness.rollout.evaluation import evaluate
 from retrieval.base import Document
 from retrieval.bm25 import BM25Retriever
 from retrieval.corpus import write_corpus

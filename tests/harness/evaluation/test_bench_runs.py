@@ -181,8 +181,8 @@ def test_resume_refuses_another_command_or_an_empty_folder(
 
 def test_recall_against_a_server_with_other_ids_is_unknown_not_zero() -> None:
     from harness.evaluation.bench import _mark_unknown_recall
-    from harness.evaluation.evaluation import EpisodeRecord, Report
     from harness.evaluation.report import markdown_table
+    from harness.rollout.evaluation import EpisodeRecord, Report
 
     class Server:  # like HTTPRetriever: no local documents
         index_id = "http-x"

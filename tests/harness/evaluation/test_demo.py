@@ -30,7 +30,8 @@ def test_demo_trains_on_fresh_worlds_evaluates_held_out_sets_and_reuses_its_cach
         decoy_questions=3,
         decoy_samples=2,
         curve_every=1,
-        curve_questions=2,
+        curve_questions=4,
+        curve_samples=2,
         progress=False,
     )
     first = run_demo(config, tiny_recipe)
@@ -63,8 +64,17 @@ def test_demo_trains_on_fresh_worlds_evaluates_held_out_sets_and_reuses_its_cach
     worlds = [r["data/world_seed"] for r in records if "data/world_seed" in r]
     assert worlds == [100_000, 100_001]
     # the learning curve: unseen-world EM before step 1 and after every step
-    evals = [r["step"] for r in records if "eval/unseen/em" in r]
-    assert evals == [0, 1, 2]
+    curve = [r for r in records if "eval/unseen/em" in r]
+    assert [r["step"] for r in curve] == [0, 1, 2]
+    # one evaluator: with the table's questions, samples and seed, the curve's evaluations of
+    # the live policy before step 1 and after the last play the episodes the table's
+    # evaluations of the saved policies play, so every figure agrees, not only EM
+    table = {r["agent"]: r["overall"] for r in report["reports"]}
+    for point, side in ((curve[0], "warm start (unseen)"), (curve[-1], "after TRACE (unseen)")):
+        assert point["eval/unseen/em"] == table[side]["em"]
+        assert point["eval/answered"] == table[side]["answered"]
+        assert point["eval/searches_per_episode"] == table[side]["searches"]
+        assert point["eval/tokens_per_episode"] == table[side]["tokens"] > 0
     assert (config.run_dir / "rl" / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert first["summary"].startswith("TRACE RL on 2 freshly generated worlds")
     assert "unseen-world EM" in first["summary"] and "95 % CI" in first["summary"]

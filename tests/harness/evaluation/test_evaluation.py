@@ -9,8 +9,9 @@ import pytest
 
 from envs import SearchQAEnv
 from envs.tasks import QATask, TaskSet
-from harness.evaluation.agents import AgentAction, ScriptedAgent
-from harness.evaluation.evaluation import EpisodeRecord, Report, TurnLog, aggregate, evaluate
+from harness.evaluation.agents import ScriptedAgent
+from harness.rollout.agent import AgentAction
+from harness.rollout.evaluation import EpisodeRecord, Report, TurnLog, aggregate, evaluate
 from retrieval import BM25Retriever, Document
 
 DOCS = [

@@ -13,8 +13,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.transforms import Bbox
 
 from envs.synthetic.questions import QUESTION_KINDS
-from harness.evaluation.evaluation import EpisodeRecord, Report
 from harness.evaluation.report import plot_reports
+from harness.rollout.evaluation import EpisodeRecord, Report
 from harness.training.metrics_log import plot_run
 
 

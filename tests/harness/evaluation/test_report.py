@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.evaluation.evaluation import EpisodeRecord, Report, TurnLog
 from harness.evaluation.report import markdown_report, markdown_table, write_reports
+from harness.rollout.evaluation import EpisodeRecord, Report, TurnLog
 
 
 def _episode(task_id: str, em: float, searches: int, qtype: str) -> EpisodeRecord:

@@ -25,21 +25,25 @@ import logging
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from envs.tasks import QATask, as_gold_answers
-from harness.evaluation.agents import Agent, AgentAction, ConcurrentAgent
+from harness.policies.base import PolicyBackend, SamplingParams
+from harness.rollout.agent import Agent, AgentAction, ConcurrentAgent, PolicyAgent
+from harness.rollout.episodes import question_kind
 
 __all__ = [
     "SCHEMA_VERSION",
     "EpisodeRecord",
     "Metrics",
+    "PolicyEval",
     "Report",
     "TurnLog",
     "aggregate",
     "evaluate",
+    "evaluate_backend",
     "evaluate_policy_dir",
 ]
 
@@ -499,6 +503,56 @@ def _progress_bar(total: int, name: str) -> Any:
     return tqdm(total=total, desc=f"bench {name}", unit="q", dynamic_ncols=True)
 
 
+def evaluate_backend(
+    backend: PolicyBackend,
+    tokenizer: Any,
+    env_factory: Callable[[], Any],
+    tasks: Iterable[QATask],
+    *,
+    name: str,
+    max_context_tokens: int,
+    temperature: float = 1.0,
+    max_new_tokens: int = 48,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = False,
+    settings: Mapping[str, Any] | None = None,
+) -> Report:
+    """Evaluate a policy backend: a trainer's live policy, or a directory loaded from disk.
+
+    The one evaluator of a local policy: the training curve (`EvalConfig`), the demo's
+    before/after table, the experiments and `tracerl bench` all play their episodes through
+    `evaluate`, here or with an agent of their own. Sampling draws from one seeded stream
+    per evaluation (each batch's seed derived from `seed` and the batch's number), never from
+    the backend's own generator: a trainer's rollout stream is left as it was, and a saved
+    policy, reloaded and evaluated with the same tasks, seed and batch size, plays the very
+    episodes its live copy played.
+
+    Args:
+        backend: The policy.
+        tokenizer: Its tokenizer.
+        env_factory: See `evaluate`.
+        tasks: The questions (repeat a task to sample it several times).
+        name: The label in reports.
+        max_context_tokens: The model's context: an episode that would outgrow it stops.
+        temperature: 1 samples the policy's own distribution; 0 is greedy.
+        max_new_tokens: Cap per action.
+        seed: Seeds the sampling stream and every `env.reset`.
+        batch_size: Episodes in flight at once (one model batch).
+        progress: Draw a tqdm bar.
+        settings: Extra fields for the report's `meta` (the policy's path).
+    """
+    agent = PolicyAgent(
+        name,
+        backend,
+        tokenizer,
+        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens, seed=seed),
+        max_context_tokens=max_context_tokens,
+        settings=settings,
+    )
+    return evaluate(agent, env_factory, tasks, batch_size=batch_size, seed=seed, progress=progress)
+
+
 def evaluate_policy_dir(
     policy_dir: Path,
     env_factory: Callable[[], Any],
@@ -513,9 +567,9 @@ def evaluate_policy_dir(
 ) -> Report:
     """Evaluate a local transformers policy directory (a tiny policy, or a trained one).
 
-    The policy samples from one seeded stream for the whole evaluation (a fixed per-call seed
-    would reuse the same random numbers every turn), so two policies evaluated with the same
-    `seed` draw from the same stream: the comparison the demo and the experiment make.
+    `evaluate_backend` over the directory's model and tokenizer: two policies evaluated with
+    the same `seed` draw from the same stream, the comparison the demo and the experiments
+    make.
 
     Args:
         policy_dir: A transformers causal-LM directory with its tokenizer.
@@ -528,16 +582,83 @@ def evaluate_policy_dir(
         batch_size: Episodes in flight at once (one model batch).
         progress: Draw a tqdm bar.
     """
-    from harness.evaluation.agents import PolicyAgent
-    from harness.policies import SamplingParams, TransformersBackend
+    from harness.policies.transformers_backend import TransformersBackend
 
-    backend = TransformersBackend(policy_dir, seed=seed)
-    agent = PolicyAgent(
-        name,
+    backend = TransformersBackend(policy_dir, batch_size=batch_size)
+    return evaluate_backend(
         backend,
         backend.tokenizer,
-        SamplingParams(temperature=temperature, max_new_tokens=max_new_tokens),
+        env_factory,
+        tasks,
+        name=name,
         max_context_tokens=int(backend.model.config.max_position_embeddings),
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        batch_size=batch_size,
+        progress=progress,
         settings={"policy": str(policy_dir)},
     )
-    return evaluate(agent, env_factory, tasks, batch_size=batch_size, seed=seed, progress=progress)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PolicyEval:
+    """Exact match of a policy on a set of questions, overall and by question kind.
+
+    Attributes:
+        em: Mean EM over every episode.
+        em_by_kind: Mean EM per `question_kind`.
+        n_by_kind: Episodes per kind.
+        mixed: Share of questions whose samples got both outcomes (0 with one sample each).
+        n_episodes: Episodes played.
+        n_samples: Episodes per question.
+        temperature: Sampling temperature (0 = greedy).
+        searches_per_episode: Mean tool calls.
+        answered: Share of episodes that ended with an answer.
+        generated_tokens_per_s: Policy tokens per second of wall time (generation plus env).
+    """
+
+    em: float
+    em_by_kind: dict[str, float]
+    n_by_kind: dict[str, int]
+    mixed: float
+    n_episodes: int
+    n_samples: int
+    temperature: float
+    searches_per_episode: float
+    answered: float
+    generated_tokens_per_s: float
+
+    @classmethod
+    def of_report(cls, report: Report, *, temperature: float, wall_s: float) -> PolicyEval:
+        """The summary of `report`, an evaluation at `temperature` that took `wall_s`."""
+        episodes = report.episodes
+        if not episodes:
+            raise ValueError("an empty report has no summary")
+        by_kind: dict[str, list[float]] = defaultdict(list)
+        by_task: dict[str, list[float]] = defaultdict(list)
+        for e in episodes:
+            by_kind[question_kind(e.question_type, e.n_hops)].append(e.em)
+            by_task[e.task_id].append(e.em)
+        n, overall = len(episodes), report.overall
+        return cls(
+            em=overall.em,
+            em_by_kind={k: _mean(v) for k, v in sorted(by_kind.items())},
+            n_by_kind={k: len(v) for k, v in sorted(by_kind.items())},
+            mixed=_mean(0.0 < sum(v) < len(v) for v in by_task.values()),
+            n_episodes=n,
+            n_samples=n // len(by_task),
+            temperature=temperature,
+            searches_per_episode=overall.searches,
+            answered=overall.answered,
+            generated_tokens_per_s=sum(e.n_tokens for e in episodes) / max(wall_s, 1e-9),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> PolicyEval:
+        """Inverse of `to_json`."""
+        return cls(**record)
