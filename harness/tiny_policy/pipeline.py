@@ -32,18 +32,18 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from envs import SearchQAConfig, SearchQAEnv, World
-from envs.tasks import QATask, TaskSet
+from envs import SearchQAEnv, World
+from envs.tasks import QATask
 from harness.policies.policy_protocol import PolicyProtocol
 from harness.rollout.episodes import EpisodeCodec
 from harness.rollout.evaluation import PolicyEval, evaluate_backend
 from harness.tiny_policy.config import TinyPolicyConfig
-from retrieval import Retriever
 from retrieval.bm25 import BM25Retriever
 
 if TYPE_CHECKING:
@@ -283,18 +283,25 @@ def init_model(
         config.sft.max_steps,
         config.sft.batch_size,
     )
-    target = _QuestionSet(config.env, world.tasks, BM25Retriever.build(world.documents))
-    unseen, unseen_ids = _unseen_set(config)
+    target_env = partial(config.env.make_env, world.tasks, BM25Retriever.build(world.documents))
+    unseen, unseen_ids = unseen_questions(config, config.eval.n_unseen_questions)
+    unseen_env = partial(config.env.make_env, unseen.tasks, BM25Retriever.build(unseen.documents))
+
+    unseen_tasks = [unseen.tasks[i] for i in unseen_ids]
 
     def evaluate(
-        m: Any, questions: _QuestionSet, ids: Sequence[str], temperature: float, n: int
+        m: Any,
+        make_env: Callable[[], SearchQAEnv],
+        tasks: Sequence[QATask],
+        temperature: float,
+        n: int,
     ) -> PolicyEval:
         start = time.perf_counter()
         report = evaluate_backend(
             TransformersBackend(m, tokenizer, batch_size=128),
             tokenizer,
-            questions.make_env,
-            [questions.tasks[i] for i in ids for _ in range(n)],
+            make_env,
+            [t for t in tasks for _ in range(n)],
             name="warm start",
             max_context_tokens=config.model.max_positions,
             temperature=temperature,
@@ -307,25 +314,25 @@ def init_model(
         )
 
     if config.eval.select_on == "target_dev":
-        dev_set, dev_ids = target, list(split.dev.ids)
+        dev_env, dev_tasks = target_env, list(split.dev)
         n_dev = config.eval.n_dev_samples
     else:
-        dev_set, dev_ids, n_dev = unseen, unseen_ids, 1
-    if not dev_ids:
+        dev_env, dev_tasks, n_dev = unseen_env, unseen_tasks, 1
+    if not dev_tasks:
         raise ValueError(
             f"no dev questions to select a checkpoint on ({config.eval.select_on}); "
             "use a larger world or --policy.eval.select-on unseen_world"
         )
 
-    reading_ids = unseen_ids[: config.eval.n_reading_questions]
+    reading = unseen_tasks[: config.eval.n_reading_questions]
     result = train_sft(
         model,
         encoded,
         config.sft,
         pad_id=tokenizer.pad_token_id,
-        evaluate=lambda m: evaluate(m, dev_set, dev_ids, 1.0, n_dev).em,
+        evaluate=lambda m: evaluate(m, dev_env, dev_tasks, 1.0, n_dev).em,
         evaluate_reading=(
-            (lambda m: evaluate(m, unseen, reading_ids, 1.0, 1).em) if reading_ids else None
+            (lambda m: evaluate(m, unseen_env, reading, 1.0, 1).em) if reading else None
         ),
         progress=progress,
     )
@@ -339,12 +346,12 @@ def init_model(
         chosen.reading_em,
     )
 
-    heldout = [*split_ids["test"], *split_ids["test_entities"]]
+    heldout = [world.tasks[i] for i in (*split_ids["test"], *split_ids["test_entities"])]
     n = config.eval.n_samples
     evals = {
-        "heldout_greedy": evaluate(model, target, heldout, 0.0, 1),
-        "heldout_sampled": evaluate(model, target, heldout, 1.0, n),
-        "unseen_sampled": evaluate(model, unseen, unseen_ids, 1.0, n),
+        "heldout_greedy": evaluate(model, target_env, heldout, 0.0, 1),
+        "heldout_sampled": evaluate(model, target_env, heldout, 1.0, n),
+        "unseen_sampled": evaluate(model, unseen_env, unseen_tasks, 1.0, n),
     }
     for name, value in evals.items():
         log.info("%s: EM %.3f %s", name, value.em, _rounded(value.em_by_kind))
@@ -459,24 +466,6 @@ def unseen_questions(config: TinyPolicyConfig, n: int) -> tuple[World, list[str]
     ids = list(unseen.tasks.ids)
     random.Random(config.eval.seed).shuffle(ids)
     return unseen, ids[:n]
-
-
-@dataclass(frozen=True, slots=True)
-class _QuestionSet:
-    """Questions over their index, with the env settings they are played under."""
-
-    settings: SearchQAConfig
-    tasks: TaskSet
-    retriever: Retriever
-
-    def make_env(self) -> SearchQAEnv:
-        return self.settings.make_env(self.tasks, self.retriever)
-
-
-def _unseen_set(config: TinyPolicyConfig) -> tuple[_QuestionSet, list[str]]:
-    """Questions of a world never used for training (tests reading, not memory)."""
-    unseen, ids = unseen_questions(config, config.eval.n_unseen_questions)
-    return _QuestionSet(config.env, unseen.tasks, BM25Retriever.build(unseen.documents)), ids
 
 
 def _rounded(values: dict[str, float]) -> dict[str, float]:
