@@ -27,6 +27,7 @@ identity: the single-process trainer is unchanged.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
@@ -79,13 +80,21 @@ def init_from_env() -> Ranks:
     """Join the group torchrun describes (`WORLD_SIZE` > 1) on gloo, or stay one process.
 
     A group that is already up (DeepSpeed's one-process group in an earlier run of the same
-    process) is used as it is.
+    process) is used as it is. A group joined here is taken down when the process exits.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         dist.init_process_group("gloo")
+        # left up, gloo's worker threads meet C++'s exit-time destructors, which can abort a
+        # rank that finished well ("terminate called without an active exception")
+        atexit.register(_leave_group)
     if dist.is_initialized():
         return Ranks(dist.get_rank(), dist.get_world_size())
     return Ranks()
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def all_gather(value: T, ranks: Ranks) -> list[T]:

@@ -164,3 +164,24 @@ def test_a_two_rank_zero3_run_shards_rollouts_and_rank0_writes_whole_weights(tmp
         assert tensor.numel() == start[name].numel() > 0, name
         torch.testing.assert_close(policy[name], tensor)
     assert any(not torch.equal(saved[n], start[n]) for n in saved)  # it trained
+
+
+def test_a_rank_that_joined_torchruns_group_takes_it_down_at_exit(tmp_path):
+    # exit handlers run last-registered first: the one registered before joining runs after
+    # init_from_env's, and writes down whether the group is still up then
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import atexit, os, torch.distributed as dist\n"
+        "rank = os.environ['RANK']\n"
+        f"out = {str(tmp_path)!r} + '/rank' + rank\n"
+        "atexit.register(lambda: open(out, 'a').write(f'up at exit {dist.is_initialized()}'))\n"
+        "from harness.training.distributed import init_from_env\n"
+        "ranks = init_from_env()\n"
+        "open(out, 'w').write(f'joined {ranks.rank}/{ranks.world_size}; ')\n"
+    )
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node=2", str(script)]  # fmt: skip
+    done = subprocess.run(command, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for rank in range(2):
+        assert (tmp_path / f"rank{rank}").read_text() == f"joined {rank}/2; up at exit False"
