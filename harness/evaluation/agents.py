@@ -26,7 +26,7 @@ import re
 import zlib
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from envs.base import ScriptedPolicy
 from envs.qa_datasets import DecompositionStep, LoadedDataset
@@ -35,9 +35,6 @@ from harness.errors import ContextLengthExceeded, EndpointRejected, MalformedRep
 from harness.policies.base import SamplingParams
 from harness.policies.openai_compat import OpenAICompatClient, ReplyFuture, TextCompletion
 from harness.rollout.agent import AgentAction, call_sampling, sampling_json
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = [
     "DecompositionOracle",
